@@ -1,0 +1,100 @@
+// gcmoe's JSON configuration: schema, defaults, loading and validation.
+//
+// Validation reports every problem at once, one per line, each with its JSON path and the value
+// expected: "model.hidden: expected a positive multiple of 32, got 100". Unknown keys are errors
+// (a misspelt key must not silently fall back to a default).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace gcmoe::config {
+
+struct ModelConfig {
+  int hidden = 0;                   // model.hidden (H)
+  int intermediate = 0;             // model.intermediate (I)
+  int experts = 0;                  // model.experts (E)
+  int top_k = 0;                    // model.top_k
+  int layers = 0;                   // model.layers
+  int shared_intermediate = 0;      // model.shared_intermediate (0 = no shared expert)
+  float activation_alpha = 1.0f;    // model.activation.alpha
+  std::optional<float> activation_clamp;  // model.activation.clamp (null = none)
+  std::string weights;              // model.weights: "synthetic:SEED" or a safetensors path
+};
+
+struct ParallelConfig {
+  int ranks = 1;                    // parallel.ranks
+  std::vector<int> devices;         // parallel.devices: GPU index per rank (cuda backend)
+  bool restart_ranks = true;        // parallel.restart_ranks: `serve` restarts a dead rank
+  int restart_backoff_ms = 1000;    // parallel.restart_backoff_ms
+};
+
+struct EngineConfig {
+  std::string backend = "cpu";      // engine.backend: "cpu" | "cuda"
+  int threads = 0;                  // engine.threads: CPU worker threads per rank, 0 = auto
+  int max_tokens_per_rank = 256;    // engine.max_tokens_per_rank: capacity of every buffer
+  int exchange_timeout_ms = 2000;   // engine.exchange_timeout_ms: longest wait on a peer
+  int dispatch_sms = 16;            // engine.dispatch_sms: green-context SMs for dispatch (cuda)
+};
+
+struct BalancerConfig {
+  bool enabled = false;             // balancer.enabled
+  std::string topology = "ring";    // balancer.topology: "ring" | "cube" | "torus:AxB"
+  int replicas_per_rank = 2;        // balancer.replicas_per_rank (D)
+  int fractional_bits = 8;          // balancer.fractional_bits (F)
+  std::optional<int> passes = 12;   // balancer.passes: a count, or "auto" (nullopt)
+  std::string placement = "uniform";  // balancer.placement: "uniform" | "file" | "observed"
+  std::string placement_file;       // balancer.placement_file: mean loads [layers][experts]
+  int refit_steps = 0;              // balancer.refit_steps: refit every N steps ("observed")
+};
+
+struct ServerConfig {
+  std::string listen = "127.0.0.1:50051";     // server.listen (host:port)
+  std::string rank_listen = "127.0.0.1:0";    // server.rank_listen: where ranks attach (0 = any)
+  std::string coordinator;                    // server.coordinator: address ranks dial
+  int64_t max_message_bytes = 0;    // server.max_message_bytes: 0 = derived from capacity
+  int default_deadline_ms = 30000;  // server.default_deadline_ms: when the client sets none
+  int max_queue = 64;               // server.max_queue: Forward calls waiting for the engine
+  int startup_timeout_ms = 120000;  // server.startup_timeout_ms: ranks must be ready by then
+};
+
+struct LoggingConfig {
+  std::string level = "info";       // logging.level: trace|debug|info|warn|error
+  std::string format = "text";      // logging.format: "text" | "json"
+  std::string file;                 // logging.file: empty = stderr
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  EngineConfig engine;
+  BalancerConfig balancer;
+  ServerConfig server;
+  LoggingConfig logging;
+  std::string source;  // the file it came from, or "<embedded default>"
+
+  // Digest of what every process of one service must agree on (model, parallel, engine,
+  // balancer); the coordinator refuses a rank whose digest differs.
+  std::string Digest() const;
+  // Canonical JSON with every default filled in.
+  std::string ToJson() const;
+  // Largest number of tokens one Forward may carry: ranks * max_tokens_per_rank.
+  int max_tokens() const { return parallel.ranks * engine.max_tokens_per_rank; }
+};
+
+// The embedded default (config/examples/tiny-cpu.json compiled into the binary).
+Config DefaultConfig();
+const std::string& DefaultConfigText();
+
+// overrides: "key.path=value" strings applied before validation (value parsed as JSON, or as a
+// string when it is not valid JSON), e.g. "parallel.ranks=4", "server.listen=0.0.0.0:5000".
+Result<Config> ParseConfig(const std::string& json_text, const std::string& source_name,
+                           const std::vector<std::string>& overrides = {});
+Result<Config> LoadConfigFile(const std::string& path,
+                              const std::vector<std::string>& overrides = {});
+
+}  // namespace gcmoe::config

@@ -1,0 +1,83 @@
+// The backend seam: one rank's share of one MoE layer step (dispatch, expert compute, combine).
+// The CPU backend and the CUDA backend implement it and are tested against each other.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/model_spec.h"
+#include "engine/step_plan.h"
+#include "engine/weights.h"
+
+namespace gcmoe::engine {
+
+enum class DType { kBF16, kFP32, kFP8E4M3, kFP16 };
+int DTypeBytes(DType dtype);
+
+// A rank's shard of the request, as received (the backend quantizes; DESIGN.md §4 step 1).
+struct HiddenView {
+  DType dtype = DType::kBF16;
+  const void* data = nullptr;       // [T_r, H]
+  const uint8_t* scales = nullptr;  // [T_r, H/32] UE8M0, with kFP8E4M3 only
+};
+
+struct StepContext {
+  uint64_t generation = 0;   // unique, increasing; tags every signal of this step
+  int layer = 0;
+  int num_tokens = 0;        // T_r: tokens whose source is this rank
+  HiddenView hidden;
+  const int32_t* topk_ids = nullptr;      // [T_r, k], -1 = unused slot
+  const float* topk_weights = nullptr;    // [T_r, k]
+  const StepPlan* plan = nullptr;
+  bool output_fp32 = false;               // else BF16
+};
+
+struct StepOutput {
+  std::vector<uint8_t> output;       // [T_r, H] BF16 or FP32, little-endian; storage reused
+  int64_t assignments_computed = 0;  // routed assignments this rank computed (plus shared rows)
+};
+
+struct BackendOptions {
+  ModelSpec model;
+  int rank = 0;
+  int world_size = 1;
+  int max_tokens_per_rank = 0;  // capacity every buffer is sized for
+  int threads = 0;              // CPU worker threads; 0 = hardware concurrency
+  int exchange_timeout_ms = 2000;  // longest any wait on a peer may take before failing
+  std::string instance;         // names this service's exchange segments (shm names, etc.)
+  // CUDA only.
+  int device = 0;
+  int dispatch_sms = 16;        // SMs requested for the dispatch green context
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // Loads, for every layer, the weights of the experts this rank holds a copy of (re-laid out
+  // once as the backend likes), plus the shared expert when the model has one.
+  virtual Status LoadExperts(const WeightSource& source, std::span<const int> experts) = 0;
+
+  // The name under which peers reach this rank's exchange memory, and the mapping of theirs.
+  // Called before the first step and again whenever a peer restarts (a new epoch); no step is
+  // in flight then. ConnectPeers also resets this rank's signals.
+  virtual std::string transport_name() const = 0;
+  virtual Status ConnectPeers(uint64_t epoch, std::span<const std::string> peer_names) = 0;
+
+  // Runs this rank's part of a step. Blocks until this rank's outputs are complete.
+  virtual Status Step(const StepContext& ctx, StepOutput* out) = 0;
+
+  // Thread-safe: makes a Step in flight leave its waits and return kAborted.
+  virtual void Abort() = 0;
+};
+
+Result<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& options);
+// kUnimplemented when the binary was built without CUDA; kUnavailable without a usable GPU.
+Result<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& options);
+
+}  // namespace gcmoe::engine

@@ -1,0 +1,13 @@
+// PLACEHOLDER during the first build-out: replaced by the real command before it lands.
+#include <cstdio>
+
+#include "server/commands.h"
+
+namespace gcmoe::server {
+
+int RunConfigCommand(int, char**) {
+  std::fprintf(stderr, "gcmoe: this command is not built yet\n");
+  return 2;
+}
+
+}  // namespace gcmoe::server
