@@ -60,6 +60,7 @@ struct ServerConfig {
   int default_deadline_ms = 30000;  // server.default_deadline_ms: when the client sets none
   int max_queue = 64;               // server.max_queue: Forward calls waiting for the engine
   int startup_timeout_ms = 120000;  // server.startup_timeout_ms: ranks must be ready by then
+  int step_timeout_ms = 60000;      // server.step_timeout_ms: a step unanswered by then fails
 };
 
 struct LoggingConfig {
@@ -92,6 +93,9 @@ const std::string& DefaultConfigText();
 
 // overrides: "key.path=value" strings applied before validation (value parsed as JSON, or as a
 // string when it is not valid JSON), e.g. "parallel.ranks=4", "server.listen=0.0.0.0:5000".
+// A bad config is INVALID_ARGUMENT with one problem per line ("path: expected X, got Y"; JSON
+// syntax errors as "line L, column C: invalid JSON: ..."); messages do not name the source, so
+// callers prefix it. LoadConfigFile: NOT_FOUND when the file cannot be read.
 Result<Config> ParseConfig(const std::string& json_text, const std::string& source_name,
                            const std::vector<std::string>& overrides = {});
 Result<Config> LoadConfigFile(const std::string& path,

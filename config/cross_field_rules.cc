@@ -1,0 +1,116 @@
+// Rules that relate keys to each other. Each names the key it blames and states the rule.
+#include <string>
+
+#include "config/schema.h"
+
+namespace gcmoe::config::internal {
+namespace {
+
+std::string Quote(const std::string& s) { return "\"" + s + "\""; }
+
+// True when none of the paths failed its own per-key check.
+bool AllValid(const Problems& problems, std::initializer_list<const char*> paths) {
+  for (const char* path : paths) {
+    if (problems.Failed(path)) return false;
+  }
+  return true;
+}
+
+void CheckModelAndParallel(const Config& c, Problems* p) {
+  const ModelConfig& m = c.model;
+  if (AllValid(*p, {"model.top_k", "model.experts"}) && m.top_k > m.experts) {
+    p->Expected("model.top_k", "at most model.experts (" + std::to_string(m.experts) + ")",
+                std::to_string(m.top_k));
+  }
+  // Every rank hosts at least one expert (expert parallelism).
+  if (AllValid(*p, {"model.experts", "parallel.ranks"}) && m.experts < c.parallel.ranks) {
+    p->Expected("model.experts",
+                "at least parallel.ranks (" + std::to_string(c.parallel.ranks) + ")",
+                std::to_string(m.experts));
+  }
+  if (AllValid(*p, {"parallel.devices", "parallel.ranks"}) && !c.parallel.devices.empty() &&
+      static_cast<int>(c.parallel.devices.size()) != c.parallel.ranks) {
+    p->Expected(
+        "parallel.devices",
+        "one GPU index per rank (parallel.ranks = " + std::to_string(c.parallel.ranks) + ")",
+        std::to_string(c.parallel.devices.size()) + " entries");
+  }
+}
+
+void CheckCudaAlignment(const Config& c, Problems* p) {
+  if (!AllValid(*p, {"engine.backend"}) || c.engine.backend != "cuda") return;
+  // The GPU grouped GEMM tiles both of its contraction and output dimensions (H and I) by 128.
+  const char* rule =
+      "a multiple of 128 with engine.backend \"cuda\" (the GPU kernels tile H and I "
+      "by 128)";
+  if (AllValid(*p, {"model.hidden"}) && c.model.hidden % 128 != 0) {
+    p->Expected("model.hidden", rule, std::to_string(c.model.hidden));
+  }
+  if (AllValid(*p, {"model.intermediate"}) && c.model.intermediate % 128 != 0) {
+    p->Expected("model.intermediate", rule, std::to_string(c.model.intermediate));
+  }
+}
+
+void CheckBalancer(const Config& c, Problems* p) {
+  const BalancerConfig& b = c.balancer;
+  // The placement keys must agree whether or not the balancer is on: a "file" placement with
+  // no file is a broken config even while it is switched off.
+  if (AllValid(*p, {"balancer.placement", "balancer.placement_file"}) && b.placement == "file" &&
+      b.placement_file.empty()) {
+    p->Expected("balancer.placement_file", "a file path when balancer.placement is \"file\"",
+                Quote(b.placement_file));
+  }
+  if (AllValid(*p, {"balancer.placement", "balancer.refit_steps"}) && b.placement == "observed" &&
+      b.refit_steps <= 0) {
+    p->Expected("balancer.refit_steps",
+                "a positive integer when balancer.placement is \"observed\"",
+                std::to_string(b.refit_steps));
+  }
+
+  // The topology and the replica count only bind when the balancer runs: the single-rank GPU
+  // configs keep the default "ring" with the balancer off.
+  if (!AllValid(*p, {"balancer.enabled", "parallel.ranks"}) || !b.enabled) return;
+  const int ranks = c.parallel.ranks;
+  if (ranks < 2) {
+    p->Expected("balancer.enabled",
+                "false with parallel.ranks = 1 (one rank has nothing to "
+                "balance)",
+                "true");
+    return;
+  }
+  if (AllValid(*p, {"balancer.topology"})) {
+    int a = 0;
+    int bdim = 0;
+    if (b.topology == "cube" && ranks != 8) {
+      p->Expected("balancer.topology",
+                  "\"ring\" or \"torus:AxB\" for parallel.ranks = " + std::to_string(ranks) +
+                      " (\"cube\" needs exactly 8)",
+                  Quote(b.topology));
+    } else if (b.topology.rfind("torus:", 0) == 0 && ParseTopology(b.topology, &a, &bdim) &&
+               a * bdim != ranks) {
+      p->Expected("balancer.topology",
+                  "\"torus:AxB\" with A*B = parallel.ranks (" + std::to_string(ranks) + ")",
+                  Quote(b.topology) + " (" + std::to_string(a * bdim) + " ranks)");
+    }
+  }
+  // Each rank replicates D of its own experts, so it must host at least D.
+  if (AllValid(*p, {"balancer.replicas_per_rank", "model.experts"})) {
+    const int experts_per_rank = (c.model.experts + ranks - 1) / ranks;
+    if (b.replicas_per_rank > experts_per_rank) {
+      p->Expected("balancer.replicas_per_rank",
+                  "at most the experts per rank (model.experts / parallel.ranks = " +
+                      std::to_string(experts_per_rank) + ")",
+                  std::to_string(b.replicas_per_rank));
+    }
+  }
+}
+
+}  // namespace
+
+void CheckCrossFieldRules(const Config& config, Problems* problems) {
+  CheckModelAndParallel(config, problems);
+  CheckCudaAlignment(config, problems);
+  CheckBalancer(config, problems);
+}
+
+}  // namespace gcmoe::config::internal

@@ -1,0 +1,230 @@
+// The per-key schema: every section's keys, their types, defaults (those of config.h) and rules.
+#include <cctype>
+#include <cfloat>
+#include <cmath>
+
+#include "config/object_reader.h"
+#include "config/schema.h"
+
+namespace gcmoe::config::internal {
+namespace {
+
+using nlohmann::json;
+
+bool AllDigits(const std::string& s) {
+  if (s.empty()) return false;
+  for (const char c : s) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+constexpr IntRule kPositive{.min = 1, .expected = "a positive integer"};
+constexpr IntRule kNonNegative{.min = 0, .expected = "a non-negative integer"};
+constexpr IntRule kPositiveMs{.min = 1, .expected = "a positive integer (milliseconds)"};
+// Block scaling quantizes H and I in blocks of 32 (DESIGN.md §4).
+constexpr IntRule kMultipleOf32{
+    .min = 1, .multiple_of = 32, .expected = "a positive multiple of 32"};
+
+void ReadModel(ObjectReader r, ModelConfig* m) {
+  r.Int("hidden", kMultipleOf32, &m->hidden, true);
+  r.Int("intermediate", kMultipleOf32, &m->intermediate, true);
+  r.Int("experts", kPositive, &m->experts, true);
+  r.Int("top_k", kPositive, &m->top_k, true);
+  r.Int("layers", kPositive, &m->layers, true);
+  r.Int("shared_intermediate",
+        {.min = 0,
+         .multiple_of = 32,
+         .expected = "0 (no shared expert) or a positive multiple of 32"},
+        &m->shared_intermediate);
+
+  ObjectReader activation = r.Object("activation", "an object with alpha and clamp");
+  activation.PositiveFloat("alpha", &m->activation_alpha);
+  const std::string clamp_expected = "a positive number or null";
+  if (const json* clamp = activation.Raw("clamp", clamp_expected)) {
+    const double d = clamp->is_number() ? clamp->get<double>() : 0.0;
+    if (clamp->is_null()) {
+      m->activation_clamp.reset();
+    } else if (clamp->is_number() && d > 0.0 && std::isfinite(d) && d <= FLT_MAX) {
+      m->activation_clamp = static_cast<float>(d);
+    } else {
+      r.problems()->Expected(activation.PathOf("clamp"), clamp_expected, Describe(*clamp));
+    }
+  }
+  activation.Finish();
+
+  r.String("weights", "\"synthetic:SEED\" or a safetensors file path", IsWeightsSpec, &m->weights,
+           true);
+  r.Finish();
+}
+
+void ReadParallel(ObjectReader r, ParallelConfig* p) {
+  // ranks * engine.max_tokens_per_rank must fit an int (Config::max_tokens).
+  r.Int("ranks", {.min = 1, .max = 1024, .expected = "an integer in 1..1024"}, &p->ranks);
+  const std::string devices_expected = "a list of GPU indices, one per rank";
+  if (const json* devices = r.Raw("devices", devices_expected)) {
+    if (!devices->is_array()) {
+      r.problems()->Expected(r.PathOf("devices"), devices_expected, Describe(*devices));
+    } else {
+      p->devices.clear();
+      for (size_t i = 0; i < devices->size(); ++i) {
+        const json& d = (*devices)[i];
+        const std::string path = r.PathOf("devices") + "[" + std::to_string(i) + "]";
+        if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > INT32_MAX) {
+          r.problems()->Expected(path, "a non-negative integer (a GPU index)", Describe(d));
+        } else {
+          p->devices.push_back(d.get<int>());
+        }
+      }
+    }
+  }
+  r.Bool("restart_ranks", &p->restart_ranks);
+  r.Int("restart_backoff_ms", {.min = 0, .expected = "a non-negative integer (milliseconds)"},
+        &p->restart_backoff_ms);
+  r.Finish();
+}
+
+void ReadEngine(ObjectReader r, EngineConfig* e) {
+  r.OneOf("backend", {"cpu", "cuda"}, &e->backend);
+  r.Int("threads", {.min = 0, .expected = "a non-negative integer (0 = auto)"}, &e->threads);
+  r.Int("max_tokens_per_rank", {.min = 1, .max = 1 << 20, .expected = "an integer in 1..1048576"},
+        &e->max_tokens_per_rank);
+  r.Int("exchange_timeout_ms", kPositiveMs, &e->exchange_timeout_ms);
+  r.Int("dispatch_sms", kPositive, &e->dispatch_sms);
+  r.Finish();
+}
+
+void ReadBalancer(ObjectReader r, BalancerConfig* b) {
+  r.Bool("enabled", &b->enabled);
+  r.String(
+      "topology", "\"ring\", \"cube\" or \"torus:AxB\"",
+      [](const std::string& s) { return ParseTopology(s); }, &b->topology);
+  r.Int("replicas_per_rank", kNonNegative, &b->replicas_per_rank);
+  // Loads are fixed point with F fractional bits; 16 keeps a step's largest load (well under
+  // 2^15 assignments per rank) inside 31 bits.
+  r.Int("fractional_bits", {.min = 0, .max = 16, .expected = "an integer in 0..16"},
+        &b->fractional_bits);
+  const std::string passes_expected = "a positive integer or \"auto\"";
+  if (const json* passes = r.Raw("passes", passes_expected)) {
+    if (passes->is_string() && passes->get<std::string>() == "auto") {
+      b->passes.reset();
+    } else if (passes->is_number_integer() && passes->get<int64_t>() >= 1 &&
+               passes->get<int64_t>() <= INT32_MAX) {
+      b->passes = passes->get<int>();
+    } else {
+      r.problems()->Expected(r.PathOf("passes"), passes_expected, Describe(*passes));
+    }
+  }
+  r.OneOf("placement", {"uniform", "file", "observed"}, &b->placement);
+  r.String("placement_file", "a file path", {}, &b->placement_file);
+  r.Int("refit_steps", kNonNegative, &b->refit_steps);
+  r.Finish();
+}
+
+void ReadServer(ObjectReader r, ServerConfig* s) {
+  r.String("listen", "host:port", IsHostPort, &s->listen);
+  r.String("rank_listen", "host:port", IsHostPort, &s->rank_listen);
+  r.String(
+      "coordinator", "host:port or \"\" (none)",
+      [](const std::string& v) { return v.empty() || IsHostPort(v); }, &s->coordinator);
+  // gRPC sizes messages with an int.
+  r.Int64("max_message_bytes",
+          {.min = 0,
+           .max = INT32_MAX,
+           .expected = "0 (derived from capacity) or a byte count up to 2147483647"},
+          &s->max_message_bytes);
+  r.Int("default_deadline_ms", kPositiveMs, &s->default_deadline_ms);
+  r.Int("max_queue", kPositive, &s->max_queue);
+  r.Int("startup_timeout_ms", kPositiveMs, &s->startup_timeout_ms);
+  r.Int("step_timeout_ms", kPositiveMs, &s->step_timeout_ms);
+  r.Finish();
+}
+
+void ReadLogging(ObjectReader r, LoggingConfig* l) {
+  r.OneOf("level", {"trace", "debug", "info", "warn", "error"}, &l->level);
+  r.OneOf("format", {"text", "json"}, &l->format);
+  r.String("file", "a file path or \"\" (stderr)", {}, &l->file);
+  r.Finish();
+}
+
+}  // namespace
+
+bool IsHostPort(const std::string& text) {
+  for (const char c : text) {
+    if (std::isspace(static_cast<unsigned char>(c))) return false;
+  }
+  std::string host;
+  std::string port;
+  if (!text.empty() && text[0] == '[') {
+    const size_t close = text.find(']');
+    if (close == std::string::npos || close == 1 || close + 1 >= text.size() ||
+        text[close + 1] != ':') {
+      return false;
+    }
+    host = text.substr(1, close - 1);
+    port = text.substr(close + 2);
+  } else {
+    const size_t colon = text.rfind(':');
+    if (colon == std::string::npos) return false;
+    host = text.substr(0, colon);
+    // An IPv6 address needs brackets, or its last group would read as the port.
+    if (host.find(':') != std::string::npos) return false;
+    port = text.substr(colon + 1);
+  }
+  return !host.empty() && AllDigits(port) && port.size() <= 5 && std::stoi(port) <= 65535;
+}
+
+bool IsWeightsSpec(const std::string& text) {
+  const std::string prefix = "synthetic:";
+  if (text.rfind(prefix, 0) == 0) {
+    const std::string seed = text.substr(prefix.size());
+    // A 64-bit seed has at most 20 digits.
+    return AllDigits(seed) && seed.size() <= 19;
+  }
+  return !text.empty();
+}
+
+bool ParseTopology(const std::string& text, int* a, int* b) {
+  if (text == "ring" || text == "cube") return true;
+  const std::string prefix = "torus:";
+  if (text.rfind(prefix, 0) != 0) return false;
+  const std::string dims = text.substr(prefix.size());
+  const size_t x = dims.find('x');
+  if (x == std::string::npos) return false;
+  const std::string sa = dims.substr(0, x);
+  const std::string sb = dims.substr(x + 1);
+  if (!AllDigits(sa) || !AllDigits(sb) || sa.size() > 4 || sb.size() > 4) return false;
+  const int va = std::stoi(sa);
+  const int vb = std::stoi(sb);
+  if (va < 1 || vb < 1) return false;
+  if (a != nullptr) *a = va;
+  if (b != nullptr) *b = vb;
+  return true;
+}
+
+Config ReadConfig(const json& document, Problems* problems) {
+  Config config;
+  KeyIndex keys;
+  if (!document.is_object()) {
+    problems->Expected("(top level)",
+                       "an object with sections model, parallel, engine, balancer, server and "
+                       "logging",
+                       Describe(document));
+    return config;
+  }
+  ObjectReader root(&document, "", &keys, problems);
+  ReadModel(root.Object("model",
+                        "an object with hidden, intermediate, experts, top_k, layers and weights",
+                        /*required=*/true),
+            &config.model);
+  ReadParallel(root.Object("parallel", "an object"), &config.parallel);
+  ReadEngine(root.Object("engine", "an object"), &config.engine);
+  ReadBalancer(root.Object("balancer", "an object"), &config.balancer);
+  ReadServer(root.Object("server", "an object"), &config.server);
+  ReadLogging(root.Object("logging", "an object"), &config.logging);
+  root.Finish();
+  keys.ReportUnknown(problems);
+  return config;
+}
+
+}  // namespace gcmoe::config::internal
