@@ -72,8 +72,10 @@ class Backend {
   // Runs this rank's part of a step. Blocks until this rank's outputs are complete.
   virtual Status Step(const StepContext& ctx, StepOutput* out) = 0;
 
-  // Thread-safe: makes a Step in flight leave its waits and return kAborted.
-  virtual void Abort() = 0;
+  // Thread-safe: makes the Step of this generation (or an earlier one) leave its waits and
+  // return kAborted; a later step is unaffected, so an abort that races with the end of its
+  // step cannot poison the next one.
+  virtual void Abort(uint64_t generation) = 0;
 };
 
 Result<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& options);

@@ -1,0 +1,99 @@
+#include "engine/engine.h"
+
+#include <chrono>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/weights.h"
+
+namespace gcmoe::engine {
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
+                                               std::unique_ptr<balancer::Balancer> balancer,
+                                               const balancer::Placement& placement) {
+  const ModelSpec& model = options.backend.model;
+  GCMOE_RETURN_IF_ERROR(model.Validate());
+  if (placement.num_ranks != options.backend.world_size ||
+      placement.num_experts != model.num_experts) {
+    return InvalidArgument("engine: placement is for " + std::to_string(placement.num_ranks) +
+                           " ranks and " + std::to_string(placement.num_experts) +
+                           " experts; the service has " +
+                           std::to_string(options.backend.world_size) + " and " +
+                           std::to_string(model.num_experts));
+  }
+  std::unique_ptr<Engine> engine(new Engine());
+  engine->options_ = options;
+  engine->balancer_ = std::move(balancer);
+  GCMOE_RETURN_IF_ERROR(engine->balancer_->SetPlacement(placement));
+  engine->held_experts_ = placement.ExpertsOnRank(options.backend.rank);
+
+  if (options.backend_kind == "cpu") {
+    GCMOE_ASSIGN_OR_RETURN(engine->backend_, CreateCpuBackend(options.backend));
+  } else if (options.backend_kind == "cuda") {
+    GCMOE_ASSIGN_OR_RETURN(engine->backend_, CreateCudaBackend(options.backend));
+  } else {
+    return InvalidArgument("engine: unknown backend \"" + options.backend_kind +
+                           "\", expected cpu or cuda");
+  }
+  engine->backend_name_ = engine->backend_->name();
+
+  GCMOE_ASSIGN_OR_RETURN(auto weights, WeightSource::Open(model));
+  std::vector<int> layers(model.num_layers);
+  for (int l = 0; l < model.num_layers; ++l) layers[l] = l;
+  spdlog::info("rank {}: loading {} layer(s) x {} expert(s) from {}", options.backend.rank,
+               model.num_layers, engine->held_experts_.size(), weights->Describe());
+  const auto start = std::chrono::steady_clock::now();
+  GCMOE_RETURN_IF_ERROR(weights->CheckExperts(layers, engine->held_experts_));
+  GCMOE_RETURN_IF_ERROR(engine->backend_->LoadExperts(*weights, engine->held_experts_));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  spdlog::info("rank {}: weights loaded in {:.2f} s ({} backend)", options.backend.rank, seconds,
+               engine->backend_name_);
+  return engine;
+}
+
+Status Engine::Connect(uint64_t epoch, std::span<const std::string> peer_names) {
+  return backend_->ConnectPeers(epoch, peer_names);
+}
+
+Status Engine::Step(const StepRequest& request, StepOutput* output, StepStats* stats) {
+  const auto start = std::chrono::steady_clock::now();
+  const int world = options_.backend.world_size;
+  const int experts = options_.backend.model.num_experts;
+  const int me = options_.backend.rank;
+  if (static_cast<int>(request.tokens_per_rank.size()) != world ||
+      request.counts.size() != static_cast<size_t>(world) * experts) {
+    return InvalidArgument("engine: step " + std::to_string(request.generation) +
+                           " carries shard sizes or counts for another world size");
+  }
+  expert_totals_.assign(experts, 0);
+  for (int s = 0; s < world; ++s) {
+    for (int e = 0; e < experts; ++e) {
+      expert_totals_[e] += request.counts[static_cast<size_t>(s) * experts + e];
+    }
+  }
+  GCMOE_RETURN_IF_ERROR(balancer_->Solve(expert_totals_, &split_));
+  GCMOE_RETURN_IF_ERROR(BuildStepPlan(request.tokens_per_rank, request.counts, experts,
+                                      balancer_->placement(), split_, &plan_));
+  StepContext ctx;
+  ctx.generation = request.generation;
+  ctx.layer = request.layer;
+  ctx.num_tokens = request.tokens_per_rank[me];
+  ctx.hidden = request.hidden;
+  ctx.topk_ids = request.topk_ids;
+  ctx.topk_weights = request.topk_weights;
+  ctx.plan = &plan_;
+  ctx.output_fp32 = request.output_fp32;
+  GCMOE_RETURN_IF_ERROR(backend_->Step(ctx, output));
+  stats->load_before = split_.load_before;
+  stats->load_after = plan_.load;
+  stats->passes = split_.passes;
+  stats->solve_ns = split_.solve_ns;
+  stats->assignments_computed = output->assignments_computed;
+  stats->engine_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - start)
+                         .count();
+  return Status::Ok();
+}
+
+}  // namespace gcmoe::engine

@@ -1,0 +1,79 @@
+// The rank engine: the public face of engine/ for the rank process. It owns this rank's weights,
+// its balancer and its backend; each step it turns the count matrix into a split and a plan
+// (identically on every rank) and runs the backend.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "balancer/balancer.h"
+#include "common/status.h"
+#include "engine/backend.h"
+#include "engine/model_spec.h"
+#include "engine/step_plan.h"
+
+namespace gcmoe::engine {
+
+struct EngineOptions {
+  BackendOptions backend;          // model, rank, world size, capacity, threads, ...
+  std::string backend_kind = "cpu";  // "cpu" | "cuda"
+};
+
+struct StepRequest {
+  uint64_t generation = 0;
+  int layer = 0;
+  std::span<const int> tokens_per_rank;  // [P]
+  std::span<const int64_t> counts;       // [P, E] C[src][expert]
+  HiddenView hidden;                     // this rank's shard [T_r, H]
+  const int32_t* topk_ids = nullptr;     // [T_r, k]
+  const float* topk_weights = nullptr;   // [T_r, k]
+  bool output_fp32 = false;
+};
+
+struct StepStats {
+  std::vector<int64_t> load_before;  // [P]
+  std::vector<int64_t> load_after;   // [P]
+  int passes = 0;
+  int64_t solve_ns = 0;
+  int64_t engine_ns = 0;             // this rank's whole step, solve included
+  int64_t assignments_computed = 0;
+};
+
+class Engine {
+ public:
+  // Opens and checks the weights, creates the backend, installs `placement` in the balancer and
+  // loads every expert this rank holds a copy of.
+  static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options,
+                                                std::unique_ptr<balancer::Balancer> balancer,
+                                                const balancer::Placement& placement);
+
+  std::string transport_name() const { return backend_->transport_name(); }
+  const std::string& backend_name() const { return backend_name_; }
+  const std::vector<int>& held_experts() const { return held_experts_; }
+
+  // Maps the peers' exchange memory for a new epoch (no step in flight anywhere).
+  Status Connect(uint64_t epoch, std::span<const std::string> peer_names);
+
+  Status Step(const StepRequest& request, StepOutput* output, StepStats* stats);
+
+  // Thread-safe: the step of this generation (or earlier) gives up as soon as it can.
+  void Abort(uint64_t generation) { backend_->Abort(generation); }
+
+ private:
+  Engine() = default;
+
+  EngineOptions options_;
+  std::string backend_name_;
+  std::unique_ptr<balancer::Balancer> balancer_;
+  std::unique_ptr<Backend> backend_;
+  std::vector<int> held_experts_;
+  // Reused per step.
+  std::vector<int64_t> expert_totals_;
+  balancer::Split split_;
+  StepPlan plan_;
+};
+
+}  // namespace gcmoe::engine

@@ -1,0 +1,16 @@
+// How every service command gets its config: a file (--config) or the embedded default, with
+// --set overrides, reported with every problem when invalid.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "config/config.h"
+
+namespace gcmoe::server {
+
+Result<config::Config> LoadCommandConfig(const std::string& path,
+                                         const std::vector<std::string>& overrides);
+
+}  // namespace gcmoe::server

@@ -1,0 +1,52 @@
+// The coordinator process's servers: the public API (MoeService, health, reflection) on
+// server.listen, and the rank control service on server.rank_listen.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/status.h"
+#include "config/config.h"
+#include "server/coordinator.h"
+#include "server/moe_service.h"
+#include "server/rank_control_service.h"
+#include "server/service_stats.h"
+
+namespace gcmoe::server {
+
+// Largest message the service accepts or sends: the configured value, or one that fits the
+// largest batch (FP32 activations of max_tokens tokens, their routing, the FP32 output).
+int64_t MaxMessageBytes(const config::Config& config);
+
+class CoordinatorServer {
+ public:
+  static Result<std::unique_ptr<CoordinatorServer>> Start(const config::Config& config);
+  ~CoordinatorServer();
+
+  // Addresses with the ports actually bound (a configured port 0 picks a free one).
+  const std::string& public_address() const { return public_address_; }
+  const std::string& rank_address() const { return rank_address_; }
+  Coordinator& coordinator() { return *coordinator_; }
+
+  // Drains admitted calls, tells the ranks to exit, stops both servers.
+  void Shutdown(std::chrono::milliseconds drain_timeout);
+
+ private:
+  CoordinatorServer() = default;
+
+  config::Config config_;
+  std::unique_ptr<ServiceStats> stats_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<MoeServiceImpl> moe_service_;
+  std::unique_ptr<RankControlService> rank_service_;
+  std::unique_ptr<grpc::Server> public_server_;
+  std::unique_ptr<grpc::Server> rank_server_;
+  std::string public_address_;
+  std::string rank_address_;
+  bool shut_down_ = false;
+};
+
+}  // namespace gcmoe::server

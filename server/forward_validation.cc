@@ -1,0 +1,246 @@
+#include "server/forward_validation.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+namespace gcmoe::server {
+namespace {
+
+using gcmoe::v1::DType;
+using gcmoe::v1::Tensor;
+
+std::string ShapeText(const Tensor& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.shape_size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(t.shape(i));
+  }
+  return s + "]";
+}
+
+// Checks dtype, a 2-D shape [rows, cols] and the byte size of one tensor field.
+Status CheckMatrix(const std::string& field, const Tensor& t, DType dtype, int64_t rows,
+                   int64_t cols, const std::string& shape_names, int elem_bytes) {
+  if (t.dtype() != dtype) {
+    return InvalidArgument(field + ".dtype: " + DTypeName(t.dtype()) + ", expected " +
+                           DTypeName(dtype));
+  }
+  if (t.shape_size() != 2) {
+    return InvalidArgument(field + ".shape: " + ShapeText(t) + " has " +
+                           std::to_string(t.shape_size()) + " dimension(s), expected " +
+                           shape_names);
+  }
+  if (t.shape(0) != rows || t.shape(1) != cols) {
+    return InvalidArgument(field + ".shape: " + ShapeText(t) + ", expected " + shape_names +
+                           " = [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
+  }
+  const int64_t bytes = rows * cols * elem_bytes;
+  if (static_cast<int64_t>(t.data().size()) != bytes) {
+    return InvalidArgument(field + ".data: " + std::to_string(t.data().size()) +
+                           " bytes, expected " + std::to_string(bytes) + " (" + shape_names +
+                           " x " + std::to_string(elem_bytes) + " bytes)");
+  }
+  return Status::Ok();
+}
+
+bool IsEmpty(const Tensor& t) {
+  return t.dtype() == gcmoe::v1::DTYPE_UNSPECIFIED && t.shape_size() == 0 && t.data().empty();
+}
+
+std::string Element(int64_t index, int64_t cols) {
+  return "[" + std::to_string(index / cols) + ", " + std::to_string(index % cols) + "]";
+}
+
+Status CheckFiniteHidden(const Tensor& t, int64_t cols) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(t.data().data());
+  const int64_t n = static_cast<int64_t>(t.data().size());
+  switch (t.dtype()) {
+    case gcmoe::v1::FP32:
+      for (int64_t i = 0; i < n / 4; ++i) {
+        float v;
+        std::memcpy(&v, bytes + 4 * i, 4);
+        if (!std::isfinite(v)) {
+          return InvalidArgument("hidden: element " + Element(i, cols) + " is " +
+                                 (std::isnan(v) ? "NaN" : "Inf") +
+                                 ", expected finite activations");
+        }
+      }
+      break;
+    case gcmoe::v1::BF16:
+      for (int64_t i = 0; i < n / 2; ++i) {
+        uint16_t v;
+        std::memcpy(&v, bytes + 2 * i, 2);
+        if ((v & 0x7F80) == 0x7F80) {  // exponent all ones: Inf or NaN
+          return InvalidArgument("hidden: element " + Element(i, cols) + " is " +
+                                 ((v & 0x007F) ? "NaN" : "Inf") +
+                                 ", expected finite activations");
+        }
+      }
+      break;
+    case gcmoe::v1::FP8_E4M3:
+      for (int64_t i = 0; i < n; ++i) {
+        if ((bytes[i] & 0x7F) == 0x7F) {
+          return InvalidArgument("hidden: element " + Element(i, cols) +
+                                 " is the E4M3 NaN code, expected finite activations");
+        }
+      }
+      break;
+    default:
+      break;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case gcmoe::v1::DTYPE_UNSPECIFIED: return "DTYPE_UNSPECIFIED";
+    case gcmoe::v1::BF16: return "BF16";
+    case gcmoe::v1::FP32: return "FP32";
+    case gcmoe::v1::FP8_E4M3: return "FP8_E4M3";
+    case gcmoe::v1::INT32: return "INT32";
+    case gcmoe::v1::FP16: return "FP16";
+    case gcmoe::v1::UE8M0: return "UE8M0";
+    default: return "an unknown dtype";
+  }
+}
+
+std::vector<int> ShardSizes(int num_tokens, int world_size) {
+  std::vector<int> sizes(world_size, num_tokens / world_size);
+  for (int r = 0; r < num_tokens % world_size; ++r) ++sizes[r];
+  return sizes;
+}
+
+Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLimits& limits,
+                       ValidatedForward* out) {
+  const int H = limits.hidden;
+  const int k = limits.top_k;
+  const int E = limits.experts;
+  if (static_cast<int64_t>(request.layer()) >= limits.layers) {
+    return NotFound("layer: " + std::to_string(request.layer()) +
+                    " is not a layer of the loaded model, expected 0.." +
+                    std::to_string(limits.layers - 1));
+  }
+
+  // hidden: [T, H]
+  const Tensor& hidden = request.hidden();
+  if (IsEmpty(hidden)) return InvalidArgument("hidden: missing, expected a [T, H] tensor");
+  int elem = 0;
+  switch (hidden.dtype()) {
+    case gcmoe::v1::BF16: elem = 2; out->hidden_dtype = engine::DType::kBF16; break;
+    case gcmoe::v1::FP32: elem = 4; out->hidden_dtype = engine::DType::kFP32; break;
+    case gcmoe::v1::FP8_E4M3: elem = 1; out->hidden_dtype = engine::DType::kFP8E4M3; break;
+    default:
+      return InvalidArgument(std::string("hidden.dtype: ") + DTypeName(hidden.dtype()) +
+                             ", expected BF16, FP32 or FP8_E4M3");
+  }
+  if (hidden.shape_size() != 2) {
+    return InvalidArgument("hidden.shape: " + ShapeText(hidden) + " has " +
+                           std::to_string(hidden.shape_size()) +
+                           " dimension(s), expected [T, H] with H = " + std::to_string(H));
+  }
+  const int64_t T = hidden.shape(0);
+  if (T < 0 || hidden.shape(1) < 0) {
+    return InvalidArgument("hidden.shape: " + ShapeText(hidden) + " has a negative dimension");
+  }
+  if (hidden.shape(1) != H) {
+    return InvalidArgument("hidden.shape[1]: " + std::to_string(hidden.shape(1)) +
+                           ", expected H = " + std::to_string(H));
+  }
+  if (T == 0) return InvalidArgument("hidden.shape[0]: the batch is empty, expected T >= 1");
+  if (T > limits.max_tokens) {
+    return ResourceExhausted("hidden.shape[0]: " + std::to_string(T) +
+                             " tokens exceed the service's capacity of " +
+                             std::to_string(limits.max_tokens) +
+                             " per call (parallel.ranks x engine.max_tokens_per_rank)");
+  }
+  GCMOE_RETURN_IF_ERROR(
+      CheckMatrix("hidden", hidden, hidden.dtype(), T, H, "[T, H]", elem));
+  GCMOE_RETURN_IF_ERROR(CheckFiniteHidden(hidden, H));
+
+  // hidden_scales: [T, H/32] UE8M0, exactly when hidden is FP8.
+  const Tensor& scales = request.hidden_scales();
+  if (hidden.dtype() == gcmoe::v1::FP8_E4M3) {
+    if (IsEmpty(scales)) {
+      return InvalidArgument(
+          "hidden_scales: missing, expected [T, H/32] UE8M0 scales with FP8_E4M3 hidden");
+    }
+    GCMOE_RETURN_IF_ERROR(
+        CheckMatrix("hidden_scales", scales, gcmoe::v1::UE8M0, T, H / 32, "[T, H/32]", 1));
+    const auto* codes = reinterpret_cast<const uint8_t*>(scales.data().data());
+    for (int64_t i = 0; i < T * (H / 32); ++i) {
+      if (codes[i] == 255) {
+        return InvalidArgument("hidden_scales: element " + Element(i, H / 32) +
+                               " is 255 (UE8M0 NaN), expected 0..254");
+      }
+    }
+  } else if (!IsEmpty(scales)) {
+    return InvalidArgument(std::string("hidden_scales: given with ") +
+                           DTypeName(hidden.dtype()) +
+                           " hidden, expected scales only with FP8_E4M3 hidden");
+  }
+
+  // topk_ids: [T, k] INT32 in [-1, E), no expert twice in one token.
+  const Tensor& ids = request.topk_ids();
+  if (IsEmpty(ids)) return InvalidArgument("topk_ids: missing, expected a [T, k] INT32 tensor");
+  GCMOE_RETURN_IF_ERROR(CheckMatrix("topk_ids", ids, gcmoe::v1::INT32, T, k, "[T, k]", 4));
+  const Tensor& weights = request.topk_weights();
+  if (IsEmpty(weights)) {
+    return InvalidArgument("topk_weights: missing, expected a [T, k] FP32 tensor");
+  }
+  GCMOE_RETURN_IF_ERROR(
+      CheckMatrix("topk_weights", weights, gcmoe::v1::FP32, T, k, "[T, k]", 4));
+
+  switch (request.output_dtype()) {
+    case gcmoe::v1::DTYPE_UNSPECIFIED:
+    case gcmoe::v1::BF16: out->output_fp32 = false; break;
+    case gcmoe::v1::FP32: out->output_fp32 = true; break;
+    default:
+      return InvalidArgument(std::string("output_dtype: ") + DTypeName(request.output_dtype()) +
+                             ", expected BF16 or FP32");
+  }
+
+  const int P = limits.world_size;
+  out->num_tokens = static_cast<int>(T);
+  out->tokens_per_rank = ShardSizes(out->num_tokens, P);
+  out->counts.assign(static_cast<size_t>(P) * E, 0);
+  const auto* id_data = reinterpret_cast<const uint8_t*>(ids.data().data());
+  const auto* w_data = reinterpret_cast<const uint8_t*>(weights.data().data());
+  int src = 0;
+  int src_end = out->tokens_per_rank[0];
+  for (int64_t t = 0; t < T; ++t) {
+    while (t >= src_end) src_end += out->tokens_per_rank[++src];
+    for (int j = 0; j < k; ++j) {
+      int32_t e;
+      std::memcpy(&e, id_data + 4 * (t * k + j), 4);
+      float w;
+      std::memcpy(&w, w_data + 4 * (t * k + j), 4);
+      if (!std::isfinite(w)) {
+        return InvalidArgument("topk_weights: element " + Element(t * k + j, k) + " is " +
+                               (std::isnan(w) ? "NaN" : "Inf") + ", expected a finite weight");
+      }
+      if (e == -1) continue;
+      if (e < 0 || e >= E) {
+        return InvalidArgument("topk_ids: element " + Element(t * k + j, k) + " is " +
+                               std::to_string(e) + ", expected an expert in [0, " +
+                               std::to_string(E) + ") or -1 for an unused slot");
+      }
+      for (int i = 0; i < j; ++i) {
+        int32_t other;
+        std::memcpy(&other, id_data + 4 * (t * k + i), 4);
+        if (other == e) {
+          return InvalidArgument("topk_ids: token " + std::to_string(t) + " lists expert " +
+                                 std::to_string(e) + " in slots " + std::to_string(i) +
+                                 " and " + std::to_string(j) +
+                                 ", expected distinct experts per token");
+        }
+      }
+      ++out->counts[static_cast<size_t>(src) * E + e];
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace gcmoe::server

@@ -1,0 +1,67 @@
+// A rank process: it loads its engine, attaches to the coordinator, and serves Setup and Step
+// messages until told to stop. A worker thread runs steps while the stream reader stays free to
+// take an Abort at any moment.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/status.h"
+#include "config/config.h"
+#include "engine/engine.h"
+#include "gcmoe/internal/v1/rank.grpc.pb.h"
+
+namespace gcmoe::server {
+
+struct RankProcessOptions {
+  config::Config config;
+  int rank = 0;
+  std::string coordinator;  // address to dial
+  std::string instance;     // exchange segment names; empty = derived
+  // serve's children: exit when the coordinator goes away instead of waiting for it to return.
+  bool exit_with_coordinator = false;
+};
+
+class RankProcess {
+ public:
+  // Builds the engine: loads and checks this rank's weights (the slow part of start-up).
+  static Result<std::unique_ptr<RankProcess>> Create(const RankProcessOptions& options);
+
+  // Attaches and serves until Stop(), a Shutdown message, a Reject (exit code 3), or the loss of
+  // the coordinator with exit_with_coordinator. Returns the process exit code.
+  int Run();
+  // Thread-safe, callable from a signal watcher.
+  void Stop();
+
+ private:
+  using Stream = grpc::ClientReaderWriter<gcmoe::internal::v1::RankMessage,
+                                          gcmoe::internal::v1::CoordinatorMessage>;
+  RankProcess() = default;
+
+  // One attached session; returns true to reconnect, false to exit with *exit_code.
+  bool Session(int* exit_code, bool* ever_attached);
+  void WorkerLoop(Stream* stream);
+  void HandleSetup(const gcmoe::internal::v1::Setup& setup, Stream* stream);
+  void HandleStep(const gcmoe::internal::v1::Step& step, Stream* stream);
+
+  RankProcessOptions options_;
+  std::unique_ptr<engine::Engine> engine_;
+  engine::StepOutput output_;
+  engine::StepStats stats_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<gcmoe::internal::v1::CoordinatorMessage> queue_;  // Setup/Step for the worker
+  bool session_over_ = false;
+  uint64_t running_generation_ = 0;  // the step the worker is in (0: none)
+  std::atomic<bool> stop_{false};
+  grpc::ClientContext* context_ = nullptr;  // the live session's, guarded by mu_
+};
+
+}  // namespace gcmoe::server

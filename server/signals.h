@@ -1,0 +1,17 @@
+// SIGTERM/SIGINT as an event: blocked in every thread and received by one waiter thread, so no
+// signal handler ever runs arbitrary code.
+#pragma once
+
+#include <functional>
+
+namespace gcmoe::server {
+
+// Call first thing in main, before any thread starts (threads inherit the mask). SIGPIPE is
+// ignored: a peer closing a socket is an error return, not a process kill.
+void BlockTerminationSignals();
+// Restores the default mask; call in a forked child before exec.
+void UnblockTerminationSignals();
+// Starts a thread that calls on_signal(signo) for each SIGTERM/SIGINT received.
+void WatchTerminationSignals(std::function<void(int)> on_signal);
+
+}  // namespace gcmoe::server

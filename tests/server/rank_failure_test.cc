@@ -1,0 +1,216 @@
+// A rank process that dies or hangs: health turns NOT_SERVING and Forward fails with
+// UNAVAILABLE within 2 s, nothing hangs, and the service serves again once the rank is back.
+// Also: a weights file the ranks cannot load stops `gcmoe serve` with a message naming the tensor.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <future>
+#include <regex>
+
+#include <gtest/gtest.h>
+
+#include "engine/weights.h"
+#include "tests/server/service_harness.h"
+
+namespace gcmoe::server::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A coordinator and its ranks started separately, as systemd or Kubernetes would.
+class SeparateProcesses {
+ public:
+  explicit SeparateProcesses(const std::string& name, std::vector<std::string> extra = {})
+      : name_(name), extra_(std::move(extra)) {
+    const std::string address_file = TempPath(name + ".coordinator.address");
+    std::vector<std::string> args = {"coordinator", "--listen", "127.0.0.1:0", "--rank-listen",
+                                     "127.0.0.1:0", "--address-file", address_file};
+    args.insert(args.end(), extra_.begin(), extra_.end());
+    coordinator_ = Process::Start(args, TempPath(name + ".coordinator.log"));
+    auto lines = WaitForFile(address_file, milliseconds(20000));
+    if (!lines || lines->size() < 2) {
+      ADD_FAILURE() << "coordinator did not start:\n" << coordinator_->Log();
+      return;
+    }
+    address_ = (*lines)[0];
+    rank_address_ = (*lines)[1];
+    for (int r = 0; r < 2; ++r) StartRank(r);
+  }
+
+  void StartRank(int r) {
+    std::vector<std::string> args = {"rank", "--rank", std::to_string(r), "--coordinator",
+                                     rank_address_};
+    args.insert(args.end(), extra_.begin(), extra_.end());
+    ranks_[r] = Process::Start(args, TempPath(name_ + ".rank" + std::to_string(r) + ".log"));
+  }
+
+  const std::string& address() const { return address_; }
+  Process& rank(int r) { return *ranks_[r]; }
+  Process& coordinator() { return *coordinator_; }
+  std::string Logs() {
+    return "coordinator:\n" + coordinator_->Log() + "\nrank 0:\n" + ranks_[0]->Log() +
+           "\nrank 1:\n" + ranks_[1]->Log();
+  }
+
+ private:
+  std::string name_;
+  std::vector<std::string> extra_;
+  std::unique_ptr<Process> coordinator_;
+  std::unique_ptr<Process> ranks_[2];
+  std::string address_;
+  std::string rank_address_;
+};
+
+grpc::Status CallForward(const std::string& address, int tokens, uint64_t seed,
+                         gcmoe::v1::ForwardResponse* response,
+                         milliseconds deadline = milliseconds(30000)) {
+  RequestSpec r;
+  r.num_tokens = tokens;
+  r.seed = seed;
+  auto stub = Connect(address);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + deadline);
+  return stub->Forward(&context, MakeForwardRequest(DefaultModel(), r), response);
+}
+
+TEST(RankFailureTest, KilledRankMakesServiceUnavailableFastThenItServesAgain) {
+  SeparateProcesses service("kill");
+  ASSERT_FALSE(service.address().empty());
+  ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(60000))) << service.Logs();
+  gcmoe::v1::ForwardResponse before;
+  ASSERT_TRUE(CallForward(service.address(), 64, 5, &before).ok());
+
+  service.rank(1).Signal(SIGKILL);
+  ASSERT_TRUE(service.rank(1).Wait(milliseconds(5000)).has_value());
+  const auto killed = Clock::now();
+  EXPECT_TRUE(WaitForHealth(service.address(), "NOT_SERVING", milliseconds(2000)))
+      << service.Logs();
+  gcmoe::v1::ForwardResponse response;
+  const grpc::Status status = CallForward(service.address(), 64, 5, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_LT(Clock::now() - killed, milliseconds(2000));
+
+  service.StartRank(1);
+  ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(30000))) << service.Logs();
+  gcmoe::v1::ForwardResponse after;
+  const grpc::Status again = CallForward(service.address(), 64, 5, &after);
+  ASSERT_TRUE(again.ok()) << again.error_message();
+  EXPECT_EQ(after.output().data(), before.output().data());
+}
+
+TEST(RankFailureTest, RankDyingDuringAStepFailsThatStepWithinTwoSeconds) {
+  // Long exchange timeout: only the death itself may end the step.
+  SeparateProcesses service("inflight", {"--set", "engine.exchange_timeout_ms=60000"});
+  ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(60000))) << service.Logs();
+  // Freeze rank 1 so the step is certainly in flight when it dies.
+  service.rank(1).Signal(SIGSTOP);
+  auto call = std::async(std::launch::async, [&] {
+    gcmoe::v1::ForwardResponse response;
+    return CallForward(service.address(), 256, 9, &response);
+  });
+  EXPECT_EQ(call.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  service.rank(1).Signal(SIGKILL);
+  const auto killed = Clock::now();
+  ASSERT_EQ(call.wait_for(std::chrono::seconds(2)), std::future_status::ready)
+      << "Forward still pending 2 s after the rank died\n" << service.Logs();
+  const grpc::Status status = call.get();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_LT(Clock::now() - killed, milliseconds(2000));
+  EXPECT_NE(status.error_message().find("rank 1"), std::string::npos) << status.error_message();
+
+  // The survivor left the aborted step; with rank 1 back the service is whole again.
+  service.StartRank(1);
+  ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(30000))) << service.Logs();
+  gcmoe::v1::ForwardResponse response;
+  EXPECT_TRUE(CallForward(service.address(), 256, 9, &response).ok()) << service.Logs();
+}
+
+TEST(RankFailureTest, HungRankIsCutOffAndRejoinsWhenItResumes) {
+  SeparateProcesses service("hang", {"--set", "engine.exchange_timeout_ms=500"});
+  ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(60000))) << service.Logs();
+  service.rank(1).Signal(SIGSTOP);
+  const auto stopped = Clock::now();
+  gcmoe::v1::ForwardResponse response;
+  const grpc::Status status = CallForward(service.address(), 32, 3, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_LT(Clock::now() - stopped, milliseconds(2000));
+  EXPECT_EQ(HealthStatus(service.address()), "NOT_SERVING");
+
+  service.rank(1).Signal(SIGCONT);
+  ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(30000))) << service.Logs();
+  EXPECT_TRUE(CallForward(service.address(), 32, 3, &response).ok()) << service.Logs();
+}
+
+TEST(RankFailureTest, ServeRestartsARankThatDies) {
+  auto s = StartServe({"--set", "parallel.restart_backoff_ms=200"}, "restart",
+                      milliseconds(60000));
+  ASSERT_TRUE(s.has_value());
+  const std::string log = s->process->Log();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("started rank 1 \\(pid ([0-9]+)\\)"))) << log;
+  const pid_t rank1 = static_cast<pid_t>(std::stol(m[1]));
+  kill(rank1, SIGKILL);
+  EXPECT_TRUE(WaitForHealth(s->address, "NOT_SERVING", milliseconds(2000)));
+  ASSERT_TRUE(WaitForHealth(s->address, "SERVING", milliseconds(30000))) << s->process->Log();
+  gcmoe::v1::ForwardResponse response;
+  EXPECT_TRUE(CallForward(s->address, 16, 1, &response).ok());
+  auto stub = Connect(s->address);
+  gcmoe::v1::Stats stats;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->GetStats(&context, {}, &stats).ok());
+  ASSERT_EQ(stats.ranks_size(), 2);
+  EXPECT_EQ(stats.ranks(1).restarts(), 1u);
+  EXPECT_EQ(stats.ranks(0).restarts(), 0u);
+}
+
+// Synthetic weights with one NaN planted in layer 1, expert 3's w2.
+class PoisonedWeights final : public engine::WeightSource {
+ public:
+  explicit PoisonedWeights(std::unique_ptr<engine::WeightSource> inner) : inner_(std::move(inner)) {}
+  const engine::ModelSpec& spec() const override { return inner_->spec(); }
+  std::string Describe() const override { return "poisoned"; }
+  Result<engine::ExpertWeights> LoadExpert(int l, int e) const override {
+    return inner_->LoadExpert(l, e);
+  }
+  Result<engine::SharedExpertWeights> LoadShared(int l) const override {
+    return inner_->LoadShared(l);
+  }
+  Result<engine::DenseExpertWeights> LoadExpertDense(int l, int e) const override {
+    auto w = inner_->LoadExpertDense(l, e);
+    if (w.ok() && l == 1 && e == 3) w->w2[17] = std::numeric_limits<float>::quiet_NaN();
+    return w;
+  }
+  Result<engine::DenseExpertWeights> LoadSharedDense(int l) const override {
+    return inner_->LoadSharedDense(l);
+  }
+  Status CheckExperts(const std::vector<int>& layers, const std::vector<int>& experts) const override {
+    return inner_->CheckExperts(layers, experts);
+  }
+
+ private:
+  std::unique_ptr<engine::WeightSource> inner_;
+};
+
+TEST(RankFailureTest, WeightsWithNanStopServeWithTheTensorNamed) {
+  auto synthetic = engine::WeightSource::Open(DefaultModel());
+  ASSERT_TRUE(synthetic.ok());
+  const PoisonedWeights poisoned(std::move(synthetic).value());
+  const std::string path = TempPath("poisoned.safetensors");
+  ASSERT_TRUE(engine::WriteWeightsFile(poisoned, engine::WeightFileForm::kFloat32, path).ok());
+
+  const std::string log_path = TempPath("poisoned.log");
+  auto serve = Process::Start({"serve", "--listen", "127.0.0.1:0", "--set",
+                               "server.rank_listen=127.0.0.1:0", "--set",
+                               "model.weights=" + path},
+                              log_path);
+  const auto status = serve->Wait(milliseconds(60000));
+  ASSERT_TRUE(status.has_value()) << "serve kept running with a poisoned weights file\n"
+                                  << serve->Log();
+  EXPECT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 1);
+  EXPECT_NE(serve->Log().find("layers.1.experts.w2"), std::string::npos) << serve->Log();
+}
+
+}  // namespace
+}  // namespace gcmoe::server::testing

@@ -1,0 +1,85 @@
+// Real gcmoe processes on loopback for the integration tests: start, signal, wait, read logs;
+// plus small clients for health and Forward.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "engine/model_spec.h"
+#include "gcmoe/v1/moe.grpc.pb.h"
+
+namespace gcmoe::server::testing {
+
+using std::chrono::milliseconds;
+
+// The gcmoe binary under test (set at build time).
+std::string GcmoeBinary();
+// A path in the test's temp directory unique to this process.
+std::string TempPath(const std::string& name);
+
+class Process {
+ public:
+  // Runs `gcmoe args...` with stdout and stderr appended to `log_path`.
+  static std::unique_ptr<Process> Start(const std::vector<std::string>& args,
+                                        const std::string& log_path);
+  ~Process();  // SIGKILL and reap if still running
+
+  pid_t pid() const { return pid_; }
+  void Signal(int signo) const;
+  // Exit status as from waitpid (use WIFEXITED etc.), or nullopt if still running at timeout.
+  std::optional<int> Wait(milliseconds timeout);
+  bool running();
+  std::string Log() const;
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_path_;
+  bool reaped_ = false;
+};
+
+// Waits for a file to appear with content; returns its lines.
+std::optional<std::vector<std::string>> WaitForFile(const std::string& path, milliseconds timeout);
+
+// "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN", or "UNREACHABLE".
+std::string HealthStatus(const std::string& address, const std::string& service = "");
+bool WaitForHealth(const std::string& address, const std::string& want, milliseconds timeout);
+
+std::unique_ptr<gcmoe::v1::MoeService::Stub> Connect(const std::string& address);
+
+// A `gcmoe serve` with the embedded default model plus overrides, waited until SERVING.
+struct Service {
+  std::unique_ptr<Process> process;
+  std::string address;
+  std::string log_path;
+};
+std::optional<Service> StartServe(const std::vector<std::string>& extra_args,
+                                  const std::string& name, milliseconds timeout);
+
+// Random unit-scale activations, distinct experts per token (a slot in `unused_every` is -1).
+struct RequestSpec {
+  int num_tokens = 8;
+  int layer = 0;
+  gcmoe::v1::DType dtype = gcmoe::v1::FP32;
+  gcmoe::v1::DType output_dtype = gcmoe::v1::FP32;
+  int unused_every = 0;  // 0: every slot used
+  int hot_expert = -1;   // >= 0: every token's first slot
+  uint64_t seed = 1;
+};
+gcmoe::v1::ForwardRequest MakeForwardRequest(const engine::ModelSpec& spec,
+                                             const RequestSpec& request);
+
+// The service's activations as floats (what it sees after decoding the request's dtype).
+std::vector<float> HiddenAsFloats(const gcmoe::v1::ForwardRequest& request);
+std::vector<double> OutputAsDoubles(const gcmoe::v1::ForwardResponse& response);
+
+// The embedded default config's model (tiny-cpu.json).
+engine::ModelSpec DefaultModel();
+
+}  // namespace gcmoe::server::testing
