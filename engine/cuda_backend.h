@@ -1,0 +1,83 @@
+// The CUDA backend: one rank's share of a layer step as one replay of the GC-MoE layer graph
+// (kernels/layer_graph.h) on the rank's GPU. Implements the Backend seam; the concrete type is
+// public for the GPU tests and `gcmoe bench layer`, which also measure and introspect it.
+//
+// Knobs for tests and tuning (environment, read at creation):
+//   GCMOE_CUDA_RING_BLOCKS=N     ring slots per graph (default: no slot reuse within a step)
+//   GCMOE_CUDA_SEQUENTIAL=1      roles one after the other (tools that serialize kernels)
+//   GCMOE_CUDA_WAIT_TIMEOUT_MS=N device spin-wait limit (default 5000)
+//   GCMOE_CUDA_RECORD_SM_IDS=1   role1/role2 CTAs log their SM (ReadSmIds)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "kernels/layer_graph.h"
+
+namespace gcmoe::engine {
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<CudaBackend>> Create(const BackendOptions& options);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  Status LoadExperts(const WeightSource& source, std::span<const int> experts) override;
+  std::string transport_name() const override;
+  Status ConnectPeers(uint64_t epoch, std::span<const std::string> peer_names) override;
+  Status Step(const StepContext& ctx, StepOutput* out) override;
+  void Abort(uint64_t generation) override;
+
+  const kernels::GreenContextPair& partitions() const { return graph_->partitions(); }
+  bool sequential() const { return graph_->sequential(); }
+  // The GEMM block size (tokens per ring block) the last Step used.
+  int last_block_rows() const { return last_bm_; }
+  // The block size a step with `rows` routed assignments on this rank uses: the smallest of
+  // 8, 16, 32, 64 covering m + sqrt(m) for m = rows / held experts, else 64.
+  int ChooseBlockRows(int64_t rows) const;
+
+  // Replays the last Step's graph (same inputs) `warmup` times untimed, then `replays` times,
+  // each timed with CUDA events; returns the per-replay times in microseconds.
+  Result<std::vector<float>> TimeReplays(int warmup, int replays);
+  // Device-to-device copy bandwidth in bytes per second (bytes read + written) over a buffer of
+  // `bytes`, median of `reps` copies.
+  Result<double> MeasureCopyBandwidth(size_t bytes, int reps);
+  // With GCMOE_CUDA_RECORD_SM_IDS=1: the SM of every role1 and role2 CTA of the last replay.
+  Status ReadSmIds(std::vector<int>* role1, std::vector<int>* role2);
+
+ private:
+  struct LayerWeights {
+    void* w1 = nullptr;   // [held][I/32 tiles] E2M1
+    void* w2 = nullptr;   // [held][H/64 tiles]
+    void* ws1 = nullptr;  // shared [I_s/32 tiles] E4M3
+    void* ws2 = nullptr;  // shared [H/64 tiles]
+  };
+
+  CudaBackend(const BackendOptions& options, std::unique_ptr<kernels::LayerGraph> graph);
+  Status CheckStep(const StepContext& ctx) const;
+  // Fills the host copies of the step tables from the plan; returns the routed rows.
+  int64_t BuildTables(const StepContext& ctx, int bm);
+  Status Sync(const char* what);
+  void FreeWeights();
+
+  BackendOptions options_;
+  std::unique_ptr<kernels::LayerGraph> graph_;
+  std::mutex step_mutex_;  // one step at a time: the workspace is single-instance
+  std::vector<LayerWeights> layers_;
+  std::vector<int> slot_of_;  // [E] local slot of a held expert, -1 otherwise
+  int held_experts_ = 0;
+  int last_bm_ = 0;
+  bool connected_ = false;
+
+  // Host copies of the step tables, storage reused.
+  std::vector<kernels::ExpertRoute> routes_;
+  std::vector<kernels::RingBlock> blocks_;
+  std::vector<int64_t> recv_base_;  // [E] this rank's receive-index base per expert
+};
+
+}  // namespace gcmoe::engine

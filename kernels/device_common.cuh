@@ -1,0 +1,171 @@
+// Device helpers shared by the role kernels: memory-ordering primitives (PTX acquire/release),
+// the bounded spin-wait every cross-kernel wait goes through, and the number formats of
+// DESIGN.md §4 mirrored bit for bit from engine/numerics.cc.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "kernels/layer_types.h"
+
+namespace gcmoe::kernels {
+
+// ---- memory ordering --------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t LdAcquireGpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// System scope: the flag may be written by a peer GPU over NVLink.
+__device__ __forceinline__ uint32_t LdAcquireSys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void StReleaseGpu(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void RedAddReleaseGpu(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void RedAddReleaseSys(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ uint32_t SmId() {
+  uint32_t id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+
+// L2-only loads for data another kernel or CTA of this replay wrote: the ring, the quantized
+// activations and the W1 outputs. They are read after an acquire, and bypassing L1 keeps a
+// stale line of an earlier ring generation from ever being served.
+__device__ __forceinline__ uint2 LdCg64(const void* p) {
+  return __ldcg(reinterpret_cast<const uint2*>(p));
+}
+__device__ __forceinline__ uint32_t LdCg32(const void* p) {
+  return __ldcg(reinterpret_cast<const unsigned int*>(p));
+}
+__device__ __forceinline__ uint4 LdCg128(const void* p) {
+  return __ldcg(reinterpret_cast<const uint4*>(p));
+}
+
+// ---- bounded waits ----------------------------------------------------------------------------
+
+// What every wait needs besides its flag, gathered once per kernel so a wait costs no copy of
+// the parameter block.
+struct WaitEnv {
+  const volatile uint64_t* abort_generation;
+  uint64_t generation;
+  uint64_t timeout_ns;
+  WaitDiagnostic* diag;
+  const Signals* sig;
+  int32_t role;
+};
+
+__device__ __forceinline__ WaitEnv MakeWaitEnv(const LayerParams& p, int role) {
+  return WaitEnv{p.abort_generation, p.header->generation, p.timeout_ns, p.diag, p.sig, role};
+}
+
+__device__ __forceinline__ bool StepAborted(const WaitEnv& env) {
+  return env.abort_generation != nullptr && env.generation != 0 &&
+         *env.abort_generation >= env.generation;
+}
+
+// Spins until *flag >= target. Returns false when the step was aborted (the caller leaves its
+// loop; role3 still restores the signal invariant). On timeout it records and prints what it
+// waited for, then traps: a lost peer kills the step instead of hanging the device.
+static __device__ __noinline__ bool WaitAtLeast(WaitEnv env, const uint32_t* flag, uint32_t target,
+                                                bool system_scope, int what, int index) {
+  uint32_t seen = system_scope ? LdAcquireSys(flag) : LdAcquireGpu(flag);
+  if (seen >= target) return true;
+  const uint64_t start = GlobalTimerNs();
+  uint32_t sleep_ns = 32;
+  for (uint32_t spin = 1;; ++spin) {
+    __nanosleep(sleep_ns);
+    if (sleep_ns < 512) sleep_ns *= 2;
+    seen = system_scope ? LdAcquireSys(flag) : LdAcquireGpu(flag);
+    if (seen >= target) return true;
+    if ((spin & 63) == 0) {
+      if (StepAborted(env)) return false;
+      if (GlobalTimerNs() - start > env.timeout_ns) {
+        const uint32_t replay = env.sig->replays;
+        if (env.diag != nullptr && atomicCAS(&env.diag->timed_out, 0, 1) == 0) {
+          env.diag->role = env.role;
+          env.diag->what = what;
+          env.diag->index = index;
+          env.diag->target = target;
+          env.diag->seen = seen;
+          env.diag->replay = replay;
+          __threadfence_system();
+        }
+        printf("gcmoe role%d: timed out waiting for %s %d: need >= %u, saw %u (replay %u)\n",
+               env.role, WaitWhatName(what), index, target, seen, replay);
+        __trap();
+      }
+    }
+  }
+}
+
+// ---- number formats (engine/numerics.h, bit for bit) ------------------------------------------
+
+// UE8M0 code -> 2^(code-127). Code 255 (NaN) never reaches the device: weights are checked at
+// load and activation scales are computed in [0, 254].
+__device__ __forceinline__ float DecodeUe8m0(uint32_t code) {
+  return __uint_as_float(code == 0 ? 0x00400000u : (code << 23));
+}
+// 2^(127 - code): the exact inverse of a block scale (a multiply equals the division).
+__device__ __forceinline__ float InverseScale(uint32_t code) {
+  const int e = 127 - static_cast<int>(code);  // [-127, 127]
+  return __uint_as_float(e >= -126 ? static_cast<uint32_t>(e + 127) << 23 : 0x00400000u);
+}
+// ceil(log2(max(amax, 1e-4) / fmt_max)) clamped to [-127, 127], as a UE8M0 code. The ratio is
+// always a normal float here (>= 1e-4 / 448), so its exponent field gives the ceiling.
+__device__ __forceinline__ uint32_t BlockScaleCode(float amax, float fmt_max) {
+  const float floored = amax > 1e-4f ? amax : 1e-4f;
+  const float ratio = __fdiv_rn(floored, fmt_max);
+  const uint32_t bits = __float_as_uint(ratio) & 0x7FFFFFFFu;
+  int e =
+      bits >= 0x7F800000u ? 127 : static_cast<int>(bits >> 23) - 127 + ((bits & 0x7FFFFFu) ? 1 : 0);
+  e = e < -127 ? -127 : (e > 127 ? 127 : e);
+  return static_cast<uint32_t>(e + 127);
+}
+// Round to nearest even, saturate to +-448 (cvt.rn.satfinite).
+__device__ __forceinline__ uint32_t EncodeE4m3(float v) {
+  return static_cast<uint32_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+__device__ __forceinline__ float RoundBf16(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+__device__ __forceinline__ uint32_t Bf16Bits(float v) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
+}
+__device__ __forceinline__ float Bf16ToFloat(uint32_t bits) { return __uint_as_float(bits << 16); }
+
+__device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
+  return d;
+}
+
+// Four E2M1 codes (nibble i of the low 16 bits: element i, the packing of DESIGN.md §4) to four
+// E4M3 codes (byte i). Every E2M1 value is exactly an E4M3 value: 0.5 -> 0x30 ... 6 -> 0x4C.
+// The magnitude is a byte permute over an 8-entry table; the sign comes from prmt's
+// sign-replicate mode: a selector nibble with bit 3 set replicates bit 7 of the chosen byte
+// (0x80 -> 0xFF), otherwise copies it (0x80), so bit 0 of each result byte is the sign.
+__device__ __forceinline__ uint32_t E2m1x4ToE4m3x4(uint32_t nibbles) {
+  const uint32_t magnitude = Prmt(0x3C383000u, 0x4C484440u, nibbles & 0x7777u);
+  const uint32_t sign = Prmt(0x80808080u, 0x80808080u, nibbles & 0xFFFFu);
+  return magnitude | ((sign << 7) & 0x80808080u);
+}
+
+}  // namespace gcmoe::kernels

@@ -1,0 +1,153 @@
+// role1: token dispatch on the communication partition (DESIGN.md §6, paper §4.3).
+//
+//   A. Quantize this rank's tokens (E4M3 k32) into x_q/x_s, the buffer peers pull from; then
+//      number every local assignment within its expert's global order (source rank, token,
+//      slot) and write its receive entry (token, slot, source, weight) into the receive index
+//      of the rank that computes that position: home copy below the balancer's split, host
+//      copy above it. A warp owns an expert and ranks its assignments with a ballot scan, so
+//      the numbering is stable and equals the plan's on every rank.
+//   B. Grid barrier over role1's CTAs, then the cross-rank tag-1 barrier: every rank adds 1
+//      to every rank's tag1[parity]; a rank goes on once its own counter reaches P. After it,
+//      every receive entry and every source's x_q are complete.
+//   C. Pull: block b of the step's block table goes to ring slot b % R as generation b / R,
+//      once role2 has released the slot's previous generation (ring_empty); the block's rows
+//      (codes, scales) and metadata are copied, then ring_full[slot] = generation + 1 is
+//      released. Role2 acquires it before its W1 tasks read the slot.
+//
+// Counters written here are reset by role3 for the next replay (see layer_types.h Signals).
+#include <cstdint>
+
+#include "kernels/device_common.cuh"
+#include "kernels/layer_roles.h"
+#include "kernels/quantize_act.cuh"
+
+namespace gcmoe::kernels {
+namespace {
+
+constexpr int kWarps = kRoleThreads / 32;
+
+__global__ void __launch_bounds__(kRoleThreads)
+    DispatchRole1Kernel(const __grid_constant__ LayerParams p) {
+  extern __shared__ int32_t s_ids[];  // [T * k] this rank's routing
+  __shared__ int s_go;                // phase B's outcome
+  __shared__ int s_pull_go;           // each pulled block's slot wait (a separate word: threads may
+                                      // still read s_go when thread 0 starts the first slot wait)
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  if (p.smid_log != nullptr && threadIdx.x == 0) p.smid_log[blockIdx.x] = SmId();
+  const StepHeader& hdr = *p.header;
+  const WaitEnv env = MakeWaitEnv(p, 1);
+  const int T = hdr.num_tokens;
+  const int H = p.dims.hidden;
+  const int k = p.dims.top_k;
+  const int world = p.dims.world_size;
+  const uint32_t parity = p.sig->parity;  // set by the previous replay's role3
+
+  // A. Quantize, one warp per token row.
+  for (int row = blockIdx.x * kWarps + warp; row < T; row += gridDim.x * kWarps) {
+    QuantizeRowWarp(p.hidden_in, p.hidden_scales_in, hdr.in_dtype, H, row, lane, p.x_q, p.x_s);
+  }
+  // A. Route: receive entries at the computing rank.
+  const int assignments = T * k;
+  for (int i = threadIdx.x; i < assignments; i += blockDim.x) s_ids[i] = p.topk_ids[i];
+  __syncthreads();
+  for (int e = blockIdx.x * kWarps + warp; e < p.dims.num_experts; e += gridDim.x * kWarps) {
+    const ExpertRoute route = p.routes[e];
+    int seen = 0;
+    for (int a0 = 0; a0 < assignments; a0 += 32) {
+      const int a = a0 + lane;
+      const bool hit = a < assignments && s_ids[a] == e;
+      const uint32_t mask = __ballot_sync(0xFFFFFFFFu, hit);
+      if (hit) {
+        const int position = route.src_offset + seen + __popc(mask & ((1u << lane) - 1u));
+        const bool at_home = position < route.home_tokens;
+        const int target = at_home ? route.home_rank : route.host_rank;
+        const int index =
+            at_home ? route.home_base + position : route.host_base + (position - route.home_tokens);
+        p.peers.recv[target][index] = RowMeta{a / k, a % k, p.dims.rank, p.topk_weights[a]};
+      }
+      seen += __popc(mask);
+    }
+  }
+
+  // B. Barriers. Thread 0's fence orders the whole CTA's stores (after bar.sync) before its
+  // arrival; the system-scope fence covers peer writes of receive entries.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    RedAddReleaseGpu(&p.sig->r1_arrive, 1);
+    bool ok = WaitAtLeast(env, &p.sig->r1_arrive, gridDim.x, false, kWaitRole1Barrier,
+                          static_cast<int>(blockIdx.x));
+    if (ok && blockIdx.x == 0) {
+      StReleaseGpu(&p.sig->x_ready, 1);  // the shared expert's W1 may read x_q
+      for (int q = 0; q < world; ++q) RedAddReleaseSys(&p.peers.signals[q]->tag1[parity], 1);
+    }
+    if (ok) {
+      ok = WaitAtLeast(env, &p.sig->tag1[parity], static_cast<uint32_t>(world), true, kWaitTag1,
+                       static_cast<int>(parity));
+    }
+    s_go = ok;
+  }
+  __syncthreads();
+  if (!s_go) return;
+
+  // C. Pull ring blocks in increasing logical order.
+  const int n1 = p.dims.intermediate / 32;  // W1 tiles that read each ring block
+  const int scale_bytes = H / 32;
+  for (int b = blockIdx.x; b < hdr.num_blocks; b += gridDim.x) {
+    const int slot = b % p.ring_blocks;
+    const uint32_t generation = static_cast<uint32_t>(b / p.ring_blocks);
+    if (threadIdx.x == 0) {
+      s_pull_go = generation == 0 ||
+                  WaitAtLeast(env, &p.ring_empty[slot], generation * static_cast<uint32_t>(n1),
+                              false, kWaitRingEmpty, slot);
+    }
+    __syncthreads();
+    if (!s_pull_go) return;
+    const RingBlock blk = p.blocks[b];
+    for (int r = warp; r < blk.rows; r += kWarps) {
+      const uint4 raw = LdCg128(&p.recv[blk.row_begin + r]);
+      const int token = static_cast<int>(raw.x);
+      const int src = static_cast<int>(raw.z);
+      const uint8_t* src_row = p.peers.x_q[src] + static_cast<int64_t>(token) * H;
+      const uint8_t* src_scales = p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes;
+      const int64_t ring_row = static_cast<int64_t>(slot) * p.bm + r;
+      uint8_t* dst_row = p.ring + ring_row * H;
+      uint8_t* dst_scales = p.ring_scales + ring_row * scale_bytes;
+#pragma unroll 4
+      for (int o = lane * 16; o < H; o += 32 * 16) {
+        *reinterpret_cast<uint4*>(dst_row + o) = LdCg128(src_row + o);
+      }
+      for (int o = lane * 4; o < scale_bytes; o += 32 * 4) {
+        *reinterpret_cast<uint32_t*>(dst_scales + o) = LdCg32(src_scales + o);
+      }
+      if (lane == 0) *reinterpret_cast<uint4*>(&p.meta[static_cast<int64_t>(b) * p.bm + r]) = raw;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      StReleaseGpu(&p.ring_full[slot], generation + 1);
+    }
+  }
+}
+
+}  // namespace
+
+size_t Role1SmemBytes(const LayerDims& dims) {
+  return static_cast<size_t>(dims.capacity) * dims.top_k * sizeof(int32_t);
+}
+
+cudaError_t LoadDispatchRole1Kernel(const LayerDims& dims) {
+  cudaFuncAttributes attributes;
+  cudaError_t err = cudaFuncGetAttributes(&attributes, DispatchRole1Kernel);
+  if (err != cudaSuccess) return err;
+  return cudaFuncSetAttribute(DispatchRole1Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(Role1SmemBytes(dims)));
+}
+
+cudaError_t LaunchDispatchRole1(const LayerParams& params, int grid, cudaStream_t stream) {
+  DispatchRole1Kernel<<<grid, kRoleThreads, Role1SmemBytes(params.dims), stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace gcmoe::kernels

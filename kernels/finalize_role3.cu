@@ -1,0 +1,124 @@
+// role3: finalize on the compute partition, after role1 and role2 of the same replay.
+//
+// Combine readiness: CTA 0 adds 1 to every rank's combine_ready[parity] (this rank's role2 is
+// complete, so its partials sit in every source's combine buffer); every CTA then waits for
+// its own counter to reach P. Each token's k slots (unused ones skipped) and the shared slot
+// are reduced in FP32 in slot order into the output (DESIGN.md §4 step 5).
+//
+// Signal reset: the last CTA to finish restores the invariant of layer_types.h Signals for the
+// next replay (so replays need no host-side reset): ring and W1 counters, the task cursor,
+// role1's barrier, x_ready, this parity's tag1 and combine_ready, and it flips the parity.
+// Why flipping is safe without a trailing cross-rank barrier: a peer can add to this rank's
+// counters of the same parity again only in replay N + 2, after passing replay N + 1's tag-1
+// barrier, which needs this rank's role1 of N + 1, which starts after this kernel.
+#include <cstdint>
+
+#include "kernels/device_common.cuh"
+#include "kernels/layer_roles.h"
+
+namespace gcmoe::kernels {
+namespace {
+
+__global__ void __launch_bounds__(kRoleThreads)
+    FinalizeRole3Kernel(const __grid_constant__ LayerParams p) {
+  __shared__ int s_go;
+  __shared__ int s_last;
+  const StepHeader& hdr = *p.header;
+  const WaitEnv env = MakeWaitEnv(p, 3);
+  const int T = hdr.num_tokens;
+  const int H = p.dims.hidden;
+  const int k = p.dims.top_k;
+  const int world = p.dims.world_size;
+  const uint32_t parity = p.sig->parity;
+
+  if (threadIdx.x == 0) {
+    if (blockIdx.x == 0) {
+      __threadfence_system();
+      for (int q = 0; q < world; ++q)
+        RedAddReleaseSys(&p.peers.signals[q]->combine_ready[parity], 1);
+    }
+    s_go = WaitAtLeast(env, &p.sig->combine_ready[parity], static_cast<uint32_t>(world), true,
+                       kWaitCombine, static_cast<int>(parity));
+  }
+  __syncthreads();
+
+  if (s_go) {
+    const int chunks_per_token = H / 8;
+    const int64_t items = static_cast<int64_t>(T) * chunks_per_token;
+    const bool has_shared = p.dims.shared_intermediate > 0;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int t = static_cast<int>(i / chunks_per_token);
+      const int c = static_cast<int>(i % chunks_per_token) * 8;
+      float acc[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
+      const uint16_t* partials = p.combine + static_cast<int64_t>(t) * (k + 1) * H + c;
+      for (int s = 0; s <= k; ++s) {
+        if (s < k ? p.topk_ids[t * k + s] < 0 : !has_shared) continue;
+        const uint4 v = LdCg128(partials + static_cast<int64_t>(s) * H);
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc[2 * j] += Bf16ToFloat(words[j] & 0xFFFFu);
+          acc[2 * j + 1] += Bf16ToFloat(words[j] >> 16);
+        }
+      }
+      if (hdr.out_fp32) {
+        float4* dst =
+            reinterpret_cast<float4*>(static_cast<float*>(p.out) + static_cast<int64_t>(t) * H + c);
+        dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      } else {
+        uint32_t packed[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          packed[j] = Bf16Bits(acc[2 * j]) | (Bf16Bits(acc[2 * j + 1]) << 16);
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + static_cast<int64_t>(t) * H + c) =
+            make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      }
+    }
+  }
+
+  // Last CTA out resets. Every other role has finished (graph dependency) and every role3 CTA
+  // has read `parity` before counting itself in r3_done.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    s_last = atomicAdd(&p.sig->r3_done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  const int used_slots = min(p.ring_blocks, hdr.num_blocks);
+  for (int i = threadIdx.x; i < used_slots; i += blockDim.x) {
+    p.ring_full[i] = 0;
+    p.ring_empty[i] = 0;
+  }
+  for (int i = threadIdx.x; i < hdr.num_blocks; i += blockDim.x) p.w1_done[i] = 0;
+  for (int i = threadIdx.x; i < hdr.num_shared_blocks; i += blockDim.x) p.w1s_done[i] = 0;
+  if (threadIdx.x == 0) {
+    Signals* sig = p.sig;
+    sig->task_next = 0;
+    sig->r1_arrive = 0;
+    sig->x_ready = 0;
+    sig->tag1[parity] = 0;
+    sig->combine_ready[parity] = 0;
+    sig->r3_done = 0;
+    sig->replays += 1;
+    sig->parity = parity ^ 1u;
+  }
+}
+
+}  // namespace
+
+cudaError_t LoadFinalizeRole3Kernel() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, FinalizeRole3Kernel);
+}
+
+cudaError_t LaunchFinalizeRole3(const LayerParams& params, int grid, cudaStream_t stream) {
+  FinalizeRole3Kernel<<<grid, kRoleThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace gcmoe::kernels

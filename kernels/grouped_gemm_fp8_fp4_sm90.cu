@@ -1,0 +1,502 @@
+// role2: the grouped GEMM of a GC-MoE layer on the compute partition (DESIGN.md §4 steps 2-4).
+//
+// Stepping stone (documented in docs/PERFORMANCE.md): the paper's structure (operand swap:
+// weights are the MMA's M side, tokens its N side; FP4 decoded to E4M3 in registers; per-32
+// block scales applied outside the MMA) on warp-level mma.sync.m16n8k32 E4M3 instead of
+// register-A WGMMA. The next issue moves the inner loop to WGMMA m64nNk32.
+//
+// A task is one 64-row weight tile against one block of BM tokens:
+//   shared W1, routed W1: 32 SwiGLU features of the block (gate and up rows of one tile),
+//                         requantized to E4M3 per 32 (one scale block of h);
+//   shared W2, routed W2: 64 hidden features of the block, BF16 partials scattered to the
+//                         source rank's combine buffer at (token, slot).
+// CTAs claim tasks in that order from one cursor, so a W2 task is claimed only after every W1
+// task of its block was claimed by a running CTA: its wait cannot deadlock.
+//
+// Warp w of 8 owns stripe (16 weight rows) w % 4 and half w / 4 of the contraction; weights
+// stream through a per-warp cp.async ring of 128-K chunks (each lane copies and reads back only
+// its own bytes, so no barrier guards the ring); activations come from L2.
+#include <cstdint>
+
+#include "kernels/device_common.cuh"
+#include "kernels/layer_roles.h"
+#include "kernels/weight_tiles_sm90.h"
+
+namespace gcmoe::kernels {
+namespace {
+
+constexpr int kWarps = kRoleThreads / 32;
+constexpr int kStages = 4;
+// Largest chunk payload (E4M3) plus one 8-byte scale copy per lane.
+constexpr int kStageBytes = 2048 + 32 * 8;
+constexpr int kStageScaleOffset = 2048;
+
+__host__ __device__ constexpr int RedPitch(int nt) { return 8 * nt + 1; }
+__host__ __device__ constexpr size_t GemmSmemBytes(int nt) {
+  return static_cast<size_t>(kWarps) * kStages * kStageBytes +
+         static_cast<size_t>(2) * kTileRows * RedPitch(nt) * sizeof(float);
+}
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void CpAsync8(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// D = A (16x32 E4M3, row) x B (32x8 E4M3, col), fresh accumulator: one scale block's dot
+// products, scaled by the caller.
+__device__ __forceinline__ void MmaE4m3(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1, float (&d)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%10,%10,%10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+struct GemmOperand {
+  const uint8_t* tile;        // the task's 64-row weight tile (4 stripes)
+  const uint8_t* act;         // [rows, k] E4M3 activations of the block's first row
+  const uint8_t* act_scales;  // [rows, k/32] UE8M0
+  int k;                      // contraction
+  int rows;                   // valid tokens, 1..BM
+};
+
+// acc[nt][0..3] = this warp's share of the tile's dot products for the C fragment of n-tile nt
+// (rows g, g+8 of its stripe; tokens 2t, 2t+1 of the n-tile), over its half of the contraction.
+template <int NT, bool kFp4>
+__device__ __forceinline__ void TileMainloop(const GemmOperand& op, uint8_t* stages,
+                                             float (&acc)[NT][4]) {
+  constexpr TileFormat kFormat = kFp4 ? TileFormat::kE2M1 : TileFormat::kE4M3;
+  constexpr int kPayload = ChunkPayloadBytes(kFormat);
+  constexpr int kPieces = kPayload / 512;
+  constexpr int kChunkBytes = ChunkBytes(kFormat);
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int stripe = warp & 3;
+  const int half = warp >> 2;
+  const int chunks = op.k / kChunkK;
+  const int mid = (chunks + 1) / 2;
+  const int c_begin = half == 0 ? 0 : mid;
+  const int n_chunks = (half == 0 ? mid : chunks) - c_begin;
+  const int scale_row_bytes = op.k / 32;
+  const uint8_t* src = op.tile + static_cast<int64_t>(stripe) * chunks * kChunkBytes +
+                       static_cast<int64_t>(c_begin) * kChunkBytes;
+
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
+  }
+
+  auto issue = [&](int i) {
+    const uint8_t* chunk = src + static_cast<int64_t>(i) * kChunkBytes;
+    uint8_t* dst = stages + (i % kStages) * kStageBytes;
+#pragma unroll
+    for (int p = 0; p < kPieces; ++p)
+      CpAsync16(dst + p * 512 + lane * 16, chunk + p * 512 + lane * 16);
+    CpAsync8(dst + kStageScaleOffset + lane * 8, chunk + kPayload + g * 8);
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_chunks) issue(s);
+    CpAsyncCommit();
+  }
+
+  // Activation fragments and scales of chunk i (L2). Rows past the block's end read its last
+  // row: finite data whose columns are discarded.
+  auto load_acts = [&](int i, uint2(&b)[NT][4], uint32_t(&sx_lo)[NT], uint32_t(&sx_hi)[NT]) {
+    const int k0 = (c_begin + i) * kChunkK;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      if (nt * 8 < op.rows) {
+        const int rb = min(nt * 8 + g, op.rows - 1);
+        const uint8_t* row = op.act + static_cast<int64_t>(rb) * op.k + k0 + 8 * t;
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) b[nt][kb] = LdCg64(row + kb * 32);
+        const int r0 = min(nt * 8 + 2 * t, op.rows - 1);
+        const int r1 = min(nt * 8 + 2 * t + 1, op.rows - 1);
+        sx_lo[nt] = LdCg32(op.act_scales + static_cast<int64_t>(r0) * scale_row_bytes + k0 / 32);
+        sx_hi[nt] = LdCg32(op.act_scales + static_cast<int64_t>(r1) * scale_row_bytes + k0 / 32);
+      }
+    }
+  };
+  // With few tokens the chunk loop is latency-bound: the next chunk's activations are loaded
+  // while this one computes (the registers this costs are affordable only for small NT).
+  constexpr bool kPrefetch = NT <= 2;
+  uint2 b[NT][4];
+  uint32_t sx_lo[NT];
+  uint32_t sx_hi[NT];
+  if (kPrefetch && n_chunks > 0) load_acts(0, b, sx_lo, sx_hi);
+
+  for (int i = 0; i < n_chunks; ++i) {
+    if (i + kStages - 1 < n_chunks) issue(i + kStages - 1);
+    CpAsyncCommit();
+    uint2 b_next[NT][4];
+    uint32_t sx_lo_next[NT];
+    uint32_t sx_hi_next[NT];
+    if constexpr (kPrefetch) {
+      if (i + 1 < n_chunks) load_acts(i + 1, b_next, sx_lo_next, sx_hi_next);
+    } else {
+      load_acts(i, b, sx_lo, sx_hi);  // issued before waiting on the weights
+    }
+
+    CpAsyncWait<kStages - 1>();  // this lane's copies of chunk i have landed
+    const uint8_t* stage = stages + (i % kStages) * kStageBytes;
+    uint32_t w[kPieces * 4];
+#pragma unroll
+    for (int p = 0; p < kPieces; ++p) {
+      const uint4 v = *reinterpret_cast<const uint4*>(stage + p * 512 + lane * 16);
+      w[p * 4 + 0] = v.x;
+      w[p * 4 + 1] = v.y;
+      w[p * 4 + 2] = v.z;
+      w[p * 4 + 3] = v.w;
+    }
+    const uint2 sw = *reinterpret_cast<const uint2*>(stage + kStageScaleOffset + lane * 8);
+
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      uint32_t a0, a1, a2, a3;
+      if constexpr (kFp4) {
+        const uint32_t row_g = w[kb * 2];
+        const uint32_t row_g8 = w[kb * 2 + 1];
+        a0 = E2m1x4ToE4m3x4(row_g);
+        a2 = E2m1x4ToE4m3x4(row_g >> 16);
+        a1 = E2m1x4ToE4m3x4(row_g8);
+        a3 = E2m1x4ToE4m3x4(row_g8 >> 16);
+      } else {
+        a0 = w[kb * 4 + 0];
+        a2 = w[kb * 4 + 1];
+        a1 = w[kb * 4 + 2];
+        a3 = w[kb * 4 + 3];
+      }
+      const uint32_t sw_word = kb < 2 ? sw.x : sw.y;
+      const int sw_shift = (kb & 1) * 16;
+      const float scale_g = DecodeUe8m0((sw_word >> sw_shift) & 0xFFu);
+      const float scale_g8 = DecodeUe8m0((sw_word >> (sw_shift + 8)) & 0xFFu);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        if (nt * 8 < op.rows) {
+          float d[4];
+          MmaE4m3(a0, a1, a2, a3, b[nt][kb].x, b[nt][kb].y, d);
+          const float sx0 = DecodeUe8m0((sx_lo[nt] >> (8 * kb)) & 0xFFu);
+          const float sx1 = DecodeUe8m0((sx_hi[nt] >> (8 * kb)) & 0xFFu);
+          // Products of powers of two: exact, so this is the sum of the exactly scaled
+          // products, only in another order than the CPU's.
+          acc[nt][0] = fmaf(d[0], scale_g * sx0, acc[nt][0]);
+          acc[nt][1] = fmaf(d[1], scale_g * sx1, acc[nt][1]);
+          acc[nt][2] = fmaf(d[2], scale_g8 * sx0, acc[nt][2]);
+          acc[nt][3] = fmaf(d[3], scale_g8 * sx1, acc[nt][3]);
+        }
+      }
+    }
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) b[nt][kb] = b_next[nt][kb];
+        sx_lo[nt] = sx_lo_next[nt];
+        sx_hi[nt] = sx_hi_next[nt];
+      }
+    }
+  }
+  CpAsyncWait<0>();
+}
+
+// The tile's FP32 results, both contraction halves: red[half][row 0..63][token].
+template <int NT, bool kFp4>
+__device__ __forceinline__ void TileGemm(const GemmOperand& op, uint8_t* smem, float* red) {
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  float acc[NT][4];
+  TileMainloop<NT, kFp4>(op, smem + warp * kStages * kStageBytes, acc);
+  const int row = (warp >> 2) * kTileRows + (warp & 3) * 16 + g;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int col = nt * 8 + 2 * t;
+    red[row * RedPitch(NT) + col] = acc[nt][0];
+    red[row * RedPitch(NT) + col + 1] = acc[nt][1];
+    red[(row + 8) * RedPitch(NT) + col] = acc[nt][2];
+    red[(row + 8) * RedPitch(NT) + col + 1] = acc[nt][3];
+  }
+}
+
+__device__ __forceinline__ float RedSum(const float* red, int pitch, int row, int col) {
+  return red[row * pitch + col] + red[(kTileRows + row) * pitch + col];
+}
+
+// W1 epilogue (DESIGN.md §4 step 3 and 4a): a = BF16(W1 x); h = ((g' sigmoid(a g')) u') w;
+// E4M3 per 32 features. Warp per token, lane per feature: the warp's 32 lanes are one block.
+template <int NT>
+__device__ void SwigluEpilogue(const LayerParams& p, const float* red, int rows, int tile,
+                               int inter, const RowMeta* meta, uint8_t* h_q, uint8_t* h_s) {
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  for (int n = warp; n < rows; n += kWarps) {
+    float gate = RoundBf16(RedSum(red, RedPitch(NT), lane, n));
+    float up = RoundBf16(RedSum(red, RedPitch(NT), 32 + lane, n));
+    if (p.dims.has_clamp) {
+      gate = fminf(gate, p.dims.clamp);
+      up = fmaxf(fminf(up, p.dims.clamp), -p.dims.clamp);
+    }
+    const float weight = meta != nullptr ? __ldcg(&meta[n].weight) : 1.0f;
+    // Rounded operations, never contracted, in the CPU's order.
+    const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(p.dims.alpha, gate))));
+    const float h = __fmul_rn(__fmul_rn(__fmul_rn(gate, sig), up), weight);
+    float amax = fabsf(h);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    const uint32_t code = BlockScaleCode(amax, 448.0f);
+    h_q[static_cast<int64_t>(n) * inter + tile * 32 + lane] =
+        static_cast<uint8_t>(EncodeE4m3(__fmul_rn(h, InverseScale(code))));
+    if (lane == 0) h_s[static_cast<int64_t>(n) * (inter / 32) + tile] = static_cast<uint8_t>(code);
+  }
+}
+
+// W2 epilogue (step 4b): BF16 partials of the tile's 64 hidden features, two per lane, written
+// straight to the source rank's combine buffer at (token, slot): role3 only reduces.
+template <int NT>
+__device__ void ScatterEpilogue(const LayerParams& p, const float* red, int rows, int tile,
+                                const RowMeta* meta, int shared_first_token) {
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int H = p.dims.hidden;
+  const int k = p.dims.top_k;
+  for (int n = warp; n < rows; n += kWarps) {
+    int token, slot, src;
+    if (meta != nullptr) {
+      const uint4 m = LdCg128(&meta[n]);
+      token = static_cast<int>(m.x);
+      slot = static_cast<int>(m.y);
+      src = static_cast<int>(m.z);
+    } else {
+      token = shared_first_token + n;
+      slot = k;
+      src = p.dims.rank;
+    }
+    const float v0 = RedSum(red, RedPitch(NT), 2 * lane, n);
+    const float v1 = RedSum(red, RedPitch(NT), 2 * lane + 1, n);
+    uint16_t* dst = p.peers.combine[src] + (static_cast<int64_t>(token) * (k + 1) + slot) * H +
+                    tile * kTileRows + 2 * lane;
+    *reinterpret_cast<uint32_t*>(dst) = Bf16Bits(v0) | (Bf16Bits(v1) << 16);
+  }
+}
+
+enum TaskKind { kSharedW1 = 0, kRoutedW1 = 1, kSharedW2 = 2, kRoutedW2 = 3 };
+
+template <int NT>
+__global__ void __launch_bounds__(kRoleThreads, NT <= 4 ? 2 : 1)
+    GroupedGemmRole2Kernel(const __grid_constant__ LayerParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(kWarps) * kStages * kStageBytes);
+  __shared__ int s_task;
+  __shared__ int s_go;
+  constexpr int BM = 8 * NT;
+
+  if (p.smid_log != nullptr && threadIdx.x == 0) p.smid_log[p.role1_grid + blockIdx.x] = SmId();
+  const StepHeader& hdr = *p.header;
+  const WaitEnv env = MakeWaitEnv(p, 2);
+  const int T = hdr.num_tokens;
+  const int H = p.dims.hidden;
+  const int I = p.dims.intermediate;
+  const int Is = p.dims.shared_intermediate;
+  const int nb = hdr.num_blocks;
+  const int nsb = hdr.num_shared_blocks;
+  const int n1 = I / 32;         // routed W1 tiles per block
+  const int n1s = Is / 32;       // shared W1 tiles per block
+  const int n2 = H / kTileRows;  // W2 tiles per block (routed and shared)
+  const int64_t end_shared_w1 = static_cast<int64_t>(nsb) * n1s;
+  const int64_t end_routed_w1 = end_shared_w1 + static_cast<int64_t>(nb) * n1;
+  const int64_t end_shared_w2 = end_routed_w1 + static_cast<int64_t>(nsb) * n2;
+  const int64_t total = end_shared_w2 + static_cast<int64_t>(nb) * n2;
+
+  for (;;) {
+    if (threadIdx.x == 0) s_task = static_cast<int>(atomicAdd(&p.sig->task_next, 1u));
+    __syncthreads();
+    const int64_t task = s_task;
+    if (task >= total) break;
+    TaskKind kind;
+    int block, tile;
+    if (task < end_shared_w1) {
+      kind = kSharedW1, block = static_cast<int>(task / n1s), tile = static_cast<int>(task % n1s);
+    } else if (task < end_routed_w1) {
+      const int64_t i = task - end_shared_w1;
+      kind = kRoutedW1, block = static_cast<int>(i / n1), tile = static_cast<int>(i % n1);
+    } else if (task < end_shared_w2) {
+      const int64_t i = task - end_routed_w1;
+      kind = kSharedW2, block = static_cast<int>(i / n2), tile = static_cast<int>(i % n2);
+    } else {
+      const int64_t i = task - end_shared_w2;
+      kind = kRoutedW2, block = static_cast<int>(i / n2), tile = static_cast<int>(i % n2);
+    }
+    const int slot = block % p.ring_blocks;
+    // Wait (one thread, acquire) for what the task reads, then broadcast through the barrier.
+    if (threadIdx.x == 0) {
+      bool ok = true;
+      switch (kind) {
+        case kSharedW1:
+          ok = WaitAtLeast(env, &p.sig->x_ready, 1, false, kWaitXReady, block);
+          break;
+        case kRoutedW1:
+          ok =
+              WaitAtLeast(env, &p.ring_full[slot], static_cast<uint32_t>(block / p.ring_blocks) + 1,
+                          false, kWaitRingFull, block);
+          break;
+        case kSharedW2:
+          ok = WaitAtLeast(env, &p.w1s_done[block], n1s, false, kWaitSharedW1Done, block);
+          break;
+        case kRoutedW2:
+          ok = WaitAtLeast(env, &p.w1_done[block], n1, false, kWaitW1Done, block);
+          break;
+      }
+      s_go = ok;
+    }
+    __syncthreads();
+    if (!s_go) break;
+
+    GemmOperand op;
+    const RingBlock blk = kind == kRoutedW1 || kind == kRoutedW2 ? p.blocks[block] : RingBlock{};
+    const int shared_rows = min(BM, T - block * BM);
+    switch (kind) {
+      case kSharedW1:
+        op = {hdr.ws1 + tile * TileBytes(TileFormat::kE4M3, H),
+              p.x_q + static_cast<int64_t>(block) * BM * H,
+              p.x_s + static_cast<int64_t>(block) * BM * (H / 32), H, shared_rows};
+        TileGemm<NT, false>(op, smem, red);
+        break;
+      case kRoutedW1:
+        op = {hdr.w1 + (static_cast<int64_t>(blk.local_slot) * n1 + tile) *
+                           TileBytes(TileFormat::kE2M1, H),
+              p.ring + static_cast<int64_t>(slot) * BM * H,
+              p.ring_scales + static_cast<int64_t>(slot) * BM * (H / 32), H, blk.rows};
+        TileGemm<NT, true>(op, smem, red);
+        break;
+      case kSharedW2:
+        op = {hdr.ws2 + tile * TileBytes(TileFormat::kE4M3, Is),
+              p.hs_q + static_cast<int64_t>(block) * BM * Is,
+              p.hs_s + static_cast<int64_t>(block) * BM * (Is / 32), Is, shared_rows};
+        TileGemm<NT, false>(op, smem, red);
+        break;
+      case kRoutedW2:
+        op = {hdr.w2 + (static_cast<int64_t>(blk.local_slot) * n2 + tile) *
+                           TileBytes(TileFormat::kE2M1, I),
+              p.h_q + static_cast<int64_t>(block) * BM * I,
+              p.h_s + static_cast<int64_t>(block) * BM * (I / 32), I, blk.rows};
+        TileGemm<NT, true>(op, smem, red);
+        break;
+    }
+    __syncthreads();  // red complete
+
+    switch (kind) {
+      case kSharedW1:
+        SwigluEpilogue<NT>(p, red, op.rows, tile, Is, nullptr,
+                           p.hs_q + static_cast<int64_t>(block) * BM * Is,
+                           p.hs_s + static_cast<int64_t>(block) * BM * (Is / 32));
+        break;
+      case kRoutedW1:
+        SwigluEpilogue<NT>(p, red, op.rows, tile, I, p.meta + static_cast<int64_t>(block) * BM,
+                           p.h_q + static_cast<int64_t>(block) * BM * I,
+                           p.h_s + static_cast<int64_t>(block) * BM * (I / 32));
+        break;
+      case kSharedW2:
+        ScatterEpilogue<NT>(p, red, op.rows, tile, nullptr, block * BM);
+        break;
+      case kRoutedW2:
+        ScatterEpilogue<NT>(p, red, op.rows, tile, p.meta + static_cast<int64_t>(block) * BM, 0);
+        break;
+    }
+    __syncthreads();  // every store of the task issued; red may be overwritten
+    // Release the task's completion: the W1 outputs to the block's W2 tasks, the ring slot
+    // (W1 has read it) back to role1. __syncthreads above orders all threads' stores before
+    // thread 0's release (bar.sync is CTA-scope synchronization, the release is cumulative).
+    if (threadIdx.x == 0) {
+      if (kind == kRoutedW1) {
+        __threadfence();
+        RedAddReleaseGpu(&p.w1_done[block], 1);
+        RedAddReleaseGpu(&p.ring_empty[slot], 1);
+      } else if (kind == kSharedW1) {
+        __threadfence();
+        RedAddReleaseGpu(&p.w1s_done[block], 1);
+      }
+    }
+  }
+}
+
+template <int NT>
+cudaError_t Configure() {
+  cudaFuncAttributes attributes;
+  cudaError_t err = cudaFuncGetAttributes(&attributes, GroupedGemmRole2Kernel<NT>);
+  if (err != cudaSuccess) return err;
+  return cudaFuncSetAttribute(GroupedGemmRole2Kernel<NT>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(GemmSmemBytes(NT)));
+}
+
+}  // namespace
+
+size_t Role2SmemBytes(int block_rows) { return GemmSmemBytes(block_rows / 8); }
+
+cudaError_t LoadGroupedGemmKernels() {
+  cudaError_t err;
+  if ((err = Configure<1>()) != cudaSuccess) return err;
+  if ((err = Configure<2>()) != cudaSuccess) return err;
+  if ((err = Configure<4>()) != cudaSuccess) return err;
+  return Configure<8>();
+}
+
+cudaError_t Role2BlocksPerSm(int block_rows, int* blocks_per_sm) {
+  const size_t smem = GemmSmemBytes(block_rows / 8);
+  switch (block_rows) {
+    case 8:
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, GroupedGemmRole2Kernel<1>,
+                                                           kRoleThreads, smem);
+    case 16:
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, GroupedGemmRole2Kernel<2>,
+                                                           kRoleThreads, smem);
+    case 32:
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, GroupedGemmRole2Kernel<4>,
+                                                           kRoleThreads, smem);
+    case 64:
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, GroupedGemmRole2Kernel<8>,
+                                                           kRoleThreads, smem);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t LaunchGroupedGemmRole2(const LayerParams& params, int grid, cudaStream_t stream) {
+  const size_t smem = GemmSmemBytes(params.bm / 8);
+  switch (params.bm) {
+    case 8:
+      GroupedGemmRole2Kernel<1><<<grid, kRoleThreads, smem, stream>>>(params);
+      break;
+    case 16:
+      GroupedGemmRole2Kernel<2><<<grid, kRoleThreads, smem, stream>>>(params);
+      break;
+    case 32:
+      GroupedGemmRole2Kernel<4><<<grid, kRoleThreads, smem, stream>>>(params);
+      break;
+    case 64:
+      GroupedGemmRole2Kernel<8><<<grid, kRoleThreads, smem, stream>>>(params);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace gcmoe::kernels

@@ -1,0 +1,318 @@
+#include "kernels/layer_graph.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/layer_roles.h"
+
+namespace gcmoe::kernels {
+namespace {
+
+int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+// Per-block arrays and the ring: at most ceil(rows / BM) full blocks plus one partial block per
+// local expert.
+int MaxBlocksFor(int max_recv_rows, int local_experts, int bm) {
+  return CeilDiv(max_recv_rows, bm) + local_experts;
+}
+
+std::string CudaMessage(const char* what, cudaError_t err) {
+  return std::string(what) + ": " + cudaGetErrorString(err);
+}
+
+}  // namespace
+
+int BlockSizeIndex(int bm) {
+  for (int i = 0; i < kNumBlockSizes; ++i) {
+    if (kBlockSizes[i] == bm) return i;
+  }
+  return -1;
+}
+
+cudaError_t LoadLayerKernels(const LayerDims& dims) {
+  cudaError_t err = LoadDispatchRole1Kernel(dims);
+  if (err == cudaSuccess) err = LoadGroupedGemmKernels();
+  if (err == cudaSuccess) err = LoadFinalizeRole3Kernel();
+  return err;
+}
+
+int LayerGraph::max_blocks(int bm) const {
+  return MaxBlocksFor(max_recv_rows_, options_.dims.local_experts, bm);
+}
+
+int LayerGraph::ring_blocks(int bm) const {
+  const int blocks = max_blocks(bm);
+  if (sequential_ || options_.ring_blocks <= 0) return blocks;
+  return std::min(options_.ring_blocks, blocks);
+}
+
+int LayerGraph::role2_grid(int bm) const {
+  const int index = BlockSizeIndex(bm);
+  return index < 0 ? 0 : role2_grid_[index];
+}
+
+cudaError_t LayerGraph::Create(const LayerGraphOptions& options, std::unique_ptr<LayerGraph>* out,
+                               std::string* error) {
+  std::unique_ptr<LayerGraph> graph(new LayerGraph());
+  graph->options_ = options;
+  const LayerDims& d = options.dims;
+  if (d.world_size != 1 || d.rank != 0) {
+    *error = "the CUDA layer maps only its own buffers (P = 1); got " +
+             std::to_string(d.world_size) + " ranks";
+    return cudaErrorNotSupported;
+  }
+  cudaError_t err = GetGreenContextPair(options.device, options.dispatch_sms, &graph->pair_, error);
+  if (err != cudaSuccess) return err;
+  graph->sequential_ = options.sequential || !graph->pair_->green;
+  // Every role kernel is loaded (and its shared memory configured) before anything is captured
+  // or can spin.
+  if ((err = LoadLayerKernels(d)) != cudaSuccess) {
+    *error = CudaMessage("loading the layer kernels", err);
+    return err;
+  }
+  graph->max_recv_rows_ = d.world_size * d.capacity * d.top_k;
+  graph->role1_grid_ =
+      graph->pair_->green ? graph->pair_->dispatch_sms : std::min(16, graph->pair_->total_sms);
+  graph->role3_grid_ = graph->pair_->compute_sms;
+  for (int i = 0; i < kNumBlockSizes; ++i) {
+    const int bm = kBlockSizes[i];
+    int per_sm = 0;
+    if ((err = Role2BlocksPerSm(bm, &per_sm)) != cudaSuccess || per_sm < 1) {
+      *error = "the grouped GEMM for BM " + std::to_string(bm) + " does not fit on an SM";
+      return err != cudaSuccess ? err : cudaErrorInvalidConfiguration;
+    }
+    graph->role2_grid_[i] = graph->pair_->compute_sms * per_sm;
+    graph->rows_all_ = std::max(graph->rows_all_, graph->max_blocks(bm) * bm);
+    graph->ring_rows_ = std::max(graph->ring_rows_, graph->ring_blocks(bm) * bm);
+  }
+  if ((err = graph->Allocate()) != cudaSuccess) {
+    *error = CudaMessage("allocating the layer workspace", err);
+    return err;
+  }
+  if ((err = cudaEventCreateWithFlags(&graph->fork_, cudaEventDisableTiming)) != cudaSuccess ||
+      (err = cudaEventCreateWithFlags(&graph->join_, cudaEventDisableTiming)) != cudaSuccess) {
+    *error = CudaMessage("creating events", err);
+    return err;
+  }
+  for (int i = 0; i < kNumBlockSizes; ++i) {
+    if ((err = graph->Capture(i)) != cudaSuccess) {
+      *error = CudaMessage("capturing the layer graph", err);
+      return err;
+    }
+  }
+  // One empty replay of every graph (no tokens: barriers and resets only, nothing can spin on
+  // a kernel that has not started), so each role has run once in its green context before a
+  // real step depends on it.
+  for (int i = 0; i < kNumBlockSizes && err == cudaSuccess; ++i)
+    err = graph->Replay(kBlockSizes[i]);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(graph->stream());
+  if (err != cudaSuccess) {
+    const std::string timeout = graph->TimeoutDiagnostic();
+    *error =
+        CudaMessage("the first (empty) replays", err) + (timeout.empty() ? "" : ": " + timeout);
+    return err;
+  }
+  *out = std::move(graph);
+  return cudaSuccess;
+}
+
+cudaError_t LayerGraph::Allocate() {
+  const LayerDims& d = options_.dims;
+  const int64_t H = d.hidden;
+  const int64_t I = d.intermediate;
+  const int64_t Is = d.shared_intermediate;
+  const int64_t k = d.top_k;
+  const int64_t cap = d.capacity;
+  const int64_t cap_rows = cap + 64;  // a shared block may read past the last token
+  const int max_blocks8 = max_blocks(8);
+  cudaError_t err = cudaSuccess;
+  auto alloc = [&](auto** ptr, int64_t bytes) {
+    if (err != cudaSuccess) return;
+    void* p = nullptr;
+    err = cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 16)));
+    if (err == cudaSuccess)
+      err = cudaMemset(p, 0, static_cast<size_t>(std::max<int64_t>(bytes, 16)));
+    if (err == cudaSuccess) {
+      allocations_.push_back(p);
+      *ptr = static_cast<std::remove_reference_t<decltype(*ptr)>>(p);
+    }
+  };
+  alloc(&header_, sizeof(StepHeader));
+  alloc(&blocks_, static_cast<int64_t>(max_blocks8) * sizeof(RingBlock));
+  alloc(&routes_, static_cast<int64_t>(d.num_experts) * sizeof(ExpertRoute));
+  alloc(&hidden_in_, cap * H * 4);
+  alloc(&hidden_scales_in_, cap * H / 32);
+  alloc(&topk_ids_, cap * k * 4);
+  alloc(&topk_weights_, cap * k * 4);
+  alloc(&x_q_, cap_rows * H);
+  alloc(&x_s_, cap_rows * H / 32);
+  alloc(&recv_, static_cast<int64_t>(max_recv_rows_) * sizeof(RowMeta));
+  alloc(&ring_, static_cast<int64_t>(ring_rows_) * H);
+  alloc(&ring_scales_, static_cast<int64_t>(ring_rows_) * H / 32);
+  alloc(&meta_, static_cast<int64_t>(rows_all_) * sizeof(RowMeta));
+  alloc(&h_q_, static_cast<int64_t>(rows_all_) * I);
+  alloc(&h_s_, static_cast<int64_t>(rows_all_) * I / 32);
+  alloc(&hs_q_, cap_rows * Is);
+  alloc(&hs_s_, cap_rows * Is / 32);
+  alloc(&combine_, cap * (k + 1) * H * 2);
+  alloc(&out_, cap * H * 4);
+  alloc(&sig_, sizeof(Signals));
+  // ring_full and ring_empty (R each), w1_done (blocks), w1s_done (shared blocks).
+  counter_words_ = static_cast<size_t>(2 * max_blocks8 + max_blocks8 + CeilDiv(cap, 8) + 1);
+  alloc(&counters_, static_cast<int64_t>(counter_words_) * 4);
+  if (options_.record_sm_ids) {
+    int max_grid = 0;
+    for (int g : role2_grid_) max_grid = std::max(max_grid, g);
+    alloc(&sm_ids_, static_cast<int64_t>(role1_grid_ + max_grid) * 4);
+  }
+  if (err != cudaSuccess) return err;
+  if ((err = cudaHostAlloc(&abort_host_, sizeof(uint64_t), cudaHostAllocMapped)) != cudaSuccess ||
+      (err = cudaHostAlloc(&diag_host_, sizeof(WaitDiagnostic), cudaHostAllocMapped)) !=
+          cudaSuccess) {
+    return err;
+  }
+  *abort_host_ = 0;
+  *diag_host_ = WaitDiagnostic{};
+  if ((err = cudaHostGetDevicePointer(&abort_device_, abort_host_, 0)) != cudaSuccess) return err;
+  return cudaHostGetDevicePointer(&diag_device_, diag_host_, 0);
+}
+
+LayerParams LayerGraph::Params(int bm_index) const {
+  const int bm = kBlockSizes[bm_index];
+  const int max_blocks8 = max_blocks(8);
+  LayerParams p{};
+  p.dims = options_.dims;
+  p.peers.x_q[0] = x_q_;
+  p.peers.x_s[0] = x_s_;
+  p.peers.recv[0] = recv_;
+  p.peers.combine[0] = combine_;
+  p.peers.signals[0] = sig_;
+  p.bm = bm;
+  p.ring_blocks = ring_blocks(bm);
+  p.max_blocks = max_blocks(bm);
+  p.sequential = sequential_ ? 1 : 0;
+  p.timeout_ns = options_.timeout_ns;
+  p.role1_grid = role1_grid_;
+  p.header = header_;
+  p.blocks = blocks_;
+  p.routes = routes_;
+  p.hidden_in = hidden_in_;
+  p.hidden_scales_in = hidden_scales_in_;
+  p.topk_ids = topk_ids_;
+  p.topk_weights = topk_weights_;
+  p.x_q = x_q_;
+  p.x_s = x_s_;
+  p.recv = recv_;
+  p.ring = ring_;
+  p.ring_scales = ring_scales_;
+  p.meta = meta_;
+  p.h_q = h_q_;
+  p.h_s = h_s_;
+  p.hs_q = hs_q_;
+  p.hs_s = hs_s_;
+  p.combine = combine_;
+  p.out = out_;
+  p.sig = sig_;
+  p.ring_full = counters_;
+  p.ring_empty = counters_ + max_blocks8;
+  p.w1_done = counters_ + 2 * max_blocks8;
+  p.w1s_done = counters_ + 3 * max_blocks8;
+  p.abort_generation = abort_device_;
+  p.diag = diag_device_;
+  p.smid_log = sm_ids_;
+  return p;
+}
+
+cudaError_t LayerGraph::Capture(int bm_index) {
+  const LayerParams params = Params(bm_index);
+  const int bm = kBlockSizes[bm_index];
+  cudaStream_t compute = pair_->compute_stream;
+  cudaStream_t dispatch = sequential_ ? compute : pair_->dispatch_stream;
+  cudaError_t err = cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal);
+  if (err != cudaSuccess) return err;
+  cudaError_t launch = cudaSuccess;
+  if (sequential_) {
+    launch = LaunchDispatchRole1(params, role1_grid_, compute);
+    if (launch == cudaSuccess) launch = LaunchGroupedGemmRole2(params, role2_grid(bm), compute);
+  } else {
+    // Fork: the dispatch stream joins the capture with no dependency, so role1 and role2 are
+    // both roots of the graph.
+    launch = cudaEventRecord(fork_, compute);
+    if (launch == cudaSuccess) launch = cudaStreamWaitEvent(dispatch, fork_, 0);
+    if (launch == cudaSuccess) launch = LaunchDispatchRole1(params, role1_grid_, dispatch);
+    if (launch == cudaSuccess) launch = LaunchGroupedGemmRole2(params, role2_grid(bm), compute);
+    if (launch == cudaSuccess) launch = cudaEventRecord(join_, dispatch);
+    if (launch == cudaSuccess) launch = cudaStreamWaitEvent(compute, join_, 0);
+  }
+  if (launch == cudaSuccess) launch = LaunchFinalizeRole3(params, role3_grid_, compute);
+  cudaGraph_t graph = nullptr;
+  err = cudaStreamEndCapture(compute, &graph);
+  if (launch != cudaSuccess) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return launch;
+  }
+  if (err != cudaSuccess) return err;
+  graphs_[bm_index] = graph;
+  return cudaGraphInstantiate(&execs_[bm_index], graph, 0);
+}
+
+cudaError_t LayerGraph::Replay(int bm) {
+  const int index = BlockSizeIndex(bm);
+  if (index < 0) return cudaErrorInvalidValue;
+  return cudaGraphLaunch(execs_[index], pair_->compute_stream);
+}
+
+void LayerGraph::Abort(uint64_t generation) {
+  uint64_t seen = __atomic_load_n(abort_host_, __ATOMIC_RELAXED);
+  while (seen < generation && !__atomic_compare_exchange_n(abort_host_, &seen, generation, true,
+                                                           __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+  }
+}
+
+bool LayerGraph::Aborted(uint64_t generation) const {
+  return generation != 0 && __atomic_load_n(abort_host_, __ATOMIC_SEQ_CST) >= generation;
+}
+
+std::string LayerGraph::TimeoutDiagnostic() const {
+  // Written by the device (host-mapped) right before it trapped.
+  const volatile WaitDiagnostic* d = diag_host_;
+  if (d->timed_out == 0) return "";
+  return "role" + std::to_string(d->role) + " timed out waiting for " + WaitWhatName(d->what) +
+         " " + std::to_string(d->index) + ": needed >= " + std::to_string(d->target) + ", saw " +
+         std::to_string(d->seen) + " (replay " + std::to_string(d->replay) + ")";
+}
+
+cudaError_t LayerGraph::ResetSignals() {
+  cudaError_t err = cudaMemsetAsync(sig_, 0, sizeof(Signals), pair_->compute_stream);
+  if (err == cudaSuccess) {
+    err = cudaMemsetAsync(counters_, 0, counter_words_ * 4, pair_->compute_stream);
+  }
+  if (err == cudaSuccess) err = cudaStreamSynchronize(pair_->compute_stream);
+  return err;
+}
+
+cudaError_t LayerGraph::ReadSmIds(int bm, std::vector<int>* role1, std::vector<int>* role2) const {
+  if (sm_ids_ == nullptr) return cudaErrorInvalidValue;
+  std::vector<int> ids(role1_grid_ + role2_grid(bm));
+  const cudaError_t err =
+      cudaMemcpy(ids.data(), sm_ids_, ids.size() * sizeof(int), cudaMemcpyDeviceToHost);
+  role1->assign(ids.begin(), ids.begin() + role1_grid_);
+  role2->assign(ids.begin() + role1_grid_, ids.end());
+  return err;
+}
+
+LayerGraph::~LayerGraph() {
+  // Nothing may still run on the workspace when it is freed.
+  if (pair_ != nullptr) cudaStreamSynchronize(pair_->compute_stream);
+  for (int i = 0; i < kNumBlockSizes; ++i) {
+    if (execs_[i] != nullptr) cudaGraphExecDestroy(execs_[i]);
+    if (graphs_[i] != nullptr) cudaGraphDestroy(graphs_[i]);
+  }
+  if (fork_ != nullptr) cudaEventDestroy(fork_);
+  if (join_ != nullptr) cudaEventDestroy(join_);
+  for (void* p : allocations_) cudaFree(p);
+  if (abort_host_ != nullptr) cudaFreeHost(abort_host_);
+  if (diag_host_ != nullptr) cudaFreeHost(diag_host_);
+}
+
+}  // namespace gcmoe::kernels

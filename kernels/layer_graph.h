@@ -1,0 +1,142 @@
+// One rank's GC-MoE layer on one GPU: the device workspace (every buffer sized for the
+// capacity once), the device-persistent signals, and one captured CUDA graph per block size:
+//
+//     role1 (dispatch partition) ──┐
+//                                  ├──> role3 (compute partition)
+//     role2 (compute partition) ───┘
+//
+// role1 and role2 are independent roots, so the driver runs them at once on disjoint SMs;
+// role3 depends on both. Sizes (tokens, blocks, the layer's weights) are read on the device
+// from the step tables, so a graph serves every step up to the capacity; graphs differ only
+// in the GEMM's block size BM (8, 16, 32, 64 tokens), picked per step from the expected tokens
+// per expert. Replays need no host-side reset: role3 restores every signal.
+//
+// Written for P ranks (by-value peer table); this workspace maps only its own buffers, so it
+// runs P = 1. Multi-GPU needs the peer mapping (CUDA IPC or NCCL windows) on top.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "kernels/green_context.h"
+#include "kernels/layer_types.h"
+
+namespace gcmoe::kernels {
+
+struct LayerGraphOptions {
+  LayerDims dims;
+  int device = 0;
+  int dispatch_sms = 16;  // SMs requested for the communication partition
+  // Ring slots per graph; 0: as many as the largest step has blocks (no slot is reused within
+  // a replay). A small value exercises the generation-tagged reuse.
+  int ring_blocks = 0;
+  // Roles one after the other on one stream (forced in the single-context fallback). Nothing
+  // ever spins on a kernel that has not run, which tools that serialize kernels need.
+  bool sequential = false;
+  uint64_t timeout_ns = 5'000'000'000ull;
+  bool record_sm_ids = false;  // role1/role2 CTAs log their SM (tests)
+};
+
+class LayerGraph {
+ public:
+  static cudaError_t Create(const LayerGraphOptions& options, std::unique_ptr<LayerGraph>* out,
+                            std::string* error);
+  ~LayerGraph();
+  LayerGraph(const LayerGraph&) = delete;
+  LayerGraph& operator=(const LayerGraph&) = delete;
+
+  const GreenContextPair& partitions() const { return *pair_; }
+  bool sequential() const { return sequential_; }
+  // The stream step I/O goes to; graphs are launched on it.
+  cudaStream_t stream() const { return pair_->compute_stream; }
+
+  int max_recv_rows() const { return max_recv_rows_; }
+  int max_blocks(int bm) const;  // logical blocks a step of block size bm can have
+  int ring_blocks(int bm) const;
+  int role1_grid() const { return role1_grid_; }
+  int role2_grid(int bm) const;
+  int role3_grid() const { return role3_grid_; }
+
+  // Device buffers the host fills before a replay (on stream()).
+  StepHeader* header() const { return header_; }
+  RingBlock* blocks() const { return blocks_; }                    // [max_blocks(8)]
+  ExpertRoute* routes() const { return routes_; }                  // [E]
+  void* hidden_in() const { return hidden_in_; }                   // [capacity, H] x 4 bytes
+  uint8_t* hidden_scales_in() const { return hidden_scales_in_; }  // [capacity, H/32]
+  int32_t* topk_ids() const { return topk_ids_; }                  // [capacity, k]
+  float* topk_weights() const { return topk_weights_; }
+  const void* output() const { return out_; }  // [capacity, H] x 4 bytes
+
+  // One replay of the graph for block size bm (8, 16, 32 or 64) on stream().
+  cudaError_t Replay(int bm);
+
+  // Makes a replay whose header generation is <= `generation` leave its waits (thread-safe).
+  void Abort(uint64_t generation);
+  // Whether Abort covered a replay of this generation.
+  bool Aborted(uint64_t generation) const;
+  // After a failed synchronize: which device wait timed out, or "".
+  std::string TimeoutDiagnostic() const;
+  // Zeroes every signal (no replay may be in flight).
+  cudaError_t ResetSignals();
+  // With record_sm_ids: the SM of each role1 and role2 CTA of the last replay of `bm`.
+  cudaError_t ReadSmIds(int bm, std::vector<int>* role1, std::vector<int>* role2) const;
+
+ private:
+  LayerGraph() = default;
+  cudaError_t Allocate();
+  cudaError_t Capture(int bm_index);
+  LayerParams Params(int bm_index) const;
+
+  LayerGraphOptions options_;
+  const GreenContextPair* pair_ = nullptr;
+  bool sequential_ = false;
+  int max_recv_rows_ = 0;
+  int rows_all_ = 0;   // rows of the per-block arrays (max over BM of blocks * BM)
+  int ring_rows_ = 0;  // rows of the ring (max over BM of ring blocks * BM)
+  int role1_grid_ = 0;
+  int role2_grid_[kNumBlockSizes] = {};
+  int role3_grid_ = 0;
+  std::vector<void*> allocations_;
+
+  StepHeader* header_ = nullptr;
+  RingBlock* blocks_ = nullptr;
+  ExpertRoute* routes_ = nullptr;
+  void* hidden_in_ = nullptr;
+  uint8_t* hidden_scales_in_ = nullptr;
+  int32_t* topk_ids_ = nullptr;
+  float* topk_weights_ = nullptr;
+  uint8_t* x_q_ = nullptr;
+  uint8_t* x_s_ = nullptr;
+  RowMeta* recv_ = nullptr;
+  uint8_t* ring_ = nullptr;
+  uint8_t* ring_scales_ = nullptr;
+  RowMeta* meta_ = nullptr;
+  uint8_t* h_q_ = nullptr;
+  uint8_t* h_s_ = nullptr;
+  uint8_t* hs_q_ = nullptr;
+  uint8_t* hs_s_ = nullptr;
+  uint16_t* combine_ = nullptr;
+  void* out_ = nullptr;
+  Signals* sig_ = nullptr;
+  uint32_t* counters_ = nullptr;  // ring_full | ring_empty | w1_done | w1s_done
+  size_t counter_words_ = 0;
+  int32_t* sm_ids_ = nullptr;
+  uint64_t* abort_host_ = nullptr;  // host-mapped
+  WaitDiagnostic* diag_host_ = nullptr;
+  uint64_t* abort_device_ = nullptr;
+  WaitDiagnostic* diag_device_ = nullptr;
+
+  cudaGraph_t graphs_[kNumBlockSizes] = {};
+  cudaGraphExec_t execs_[kNumBlockSizes] = {};
+  cudaEvent_t fork_ = nullptr;
+  cudaEvent_t join_ = nullptr;
+};
+
+// Index of a block size in kBlockSizes, or -1.
+int BlockSizeIndex(int bm);
+
+}  // namespace gcmoe::kernels

@@ -1,0 +1,204 @@
+// Types shared by the host side and the three role kernels of one GC-MoE layer replay
+// (DESIGN.md §6): the layer's dimensions, the per-step tables the host writes before a step,
+// the device-persistent signals, the by-value peer table and the parameter block every role
+// kernel receives by value (so a captured graph node carries it, no pointer chasing).
+//
+// Plain structs only: this header is included by CUDA and by host C++ (the engine adapter).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/host_device.h"
+
+namespace gcmoe::kernels {
+
+// Ranks one by-value peer table can name (the paper's table holds 72; the engine runs P = 1
+// today, the kernels are written for P).
+inline constexpr int kMaxRanks = 8;
+// Token block sizes (rows of a ring block) the grouped GEMM is instantiated for: BM = 8 * NT.
+inline constexpr int kBlockSizes[] = {8, 16, 32, 64};
+inline constexpr int kNumBlockSizes = 4;
+// Threads of every role kernel.
+inline constexpr int kRoleThreads = 256;
+// The grouped GEMM's fixed tile: 64 weight rows (W1: 32 gate + 32 up features; W2: 64 hidden
+// features) by the block's tokens, contraction in chunks of 128.
+inline constexpr int kTileRows = 64;
+inline constexpr int kChunkK = 128;
+
+enum InputDType : int32_t { kInBF16 = 0, kInFP32 = 1, kInFP16 = 2, kInFP8 = 3 };
+
+struct LayerDims {
+  int32_t hidden = 0;               // H
+  int32_t intermediate = 0;         // I (routed)
+  int32_t shared_intermediate = 0;  // I_s, 0 = no shared expert
+  int32_t num_experts = 0;          // E (global)
+  int32_t local_experts = 0;        // routed experts held by this rank (local slots)
+  int32_t top_k = 0;                // k
+  int32_t capacity = 0;             // max tokens per rank
+  int32_t world_size = 1;           // P
+  int32_t rank = 0;
+  int32_t has_clamp = 0;
+  float alpha = 1.0f;
+  float clamp = 0.0f;
+};
+
+// One row of the receive index and of a ring block's metadata: which source token and slot a
+// row carries and its routing weight. 16 bytes so a lane moves it with one vector access.
+struct RowMeta {
+  int32_t token;
+  int32_t slot;  // 0..k-1 routed, k = shared expert
+  int32_t src_rank;
+  float weight;
+};
+
+// A logical ring block: BM rows of one local expert, taken from the receive index.
+struct RingBlock {
+  int32_t local_slot;  // which held expert (index into the layer's tiled weights)
+  int32_t row_begin;   // first row in the receive index
+  int32_t rows;        // 1..BM valid rows
+  int32_t pad;
+};
+
+// Where expert e's assignments go: positions [0, home_tokens) to home_rank, the rest to
+// host_rank; each target appends them to its receive index from the given base.
+struct ExpertRoute {
+  int32_t home_rank;
+  int32_t home_base;
+  int32_t host_rank;  // -1 when not replicated
+  int32_t host_base;
+  int32_t home_tokens;
+  int32_t src_offset;  // this rank's first position in e's global order (plan.src_offset)
+  int32_t pad[2];
+};
+
+// Written by the host before each step (never during a replay); every role reads it on device,
+// so one captured graph serves every token count up to the capacity and every layer.
+struct StepHeader {
+  uint64_t generation;        // the step's generation: Abort(g) stops steps with generation <= g
+  int32_t num_tokens;         // T_r
+  int32_t in_dtype;           // InputDType
+  int32_t out_fp32;           // else BF16
+  int32_t num_blocks;         // routed ring blocks this rank computes
+  int32_t num_shared_blocks;  // ceil(T_r / BM) with a shared expert, else 0
+  int32_t pad;
+  // The step's layer: tiled weights (weight_tiles_sm90.h), all held experts back to back.
+  const uint8_t* w1;   // [local_experts][I/32 tiles]
+  const uint8_t* w2;   // [local_experts][H/64 tiles]
+  const uint8_t* ws1;  // shared W1, [I_s/32 tiles] (null without a shared expert)
+  const uint8_t* ws2;  // shared W2, [H/64 tiles]
+};
+
+// Scalar signals, device-persistent across replays. Invariant at the start of every replay:
+// every counter below is 0 except `parity` and `replays`. Role3's last CTA restores it.
+struct Signals {
+  uint32_t r1_arrive;         // role1 CTAs past their local work (grid barrier), reset by role3
+  uint32_t x_ready;           // role1 -> role2: local activations quantized (shared expert may go)
+  uint32_t task_next;         // role2's task cursor, reset by role3
+  uint32_t r3_done;           // role3 CTAs finished (the last one resets), reset by itself
+  uint32_t parity;            // this replay's parity; role3 flips it
+  uint32_t replays;           // completed replays, for diagnostics only
+  uint32_t tag1[2];           // cross-rank dispatch barrier by parity: each rank adds 1
+  uint32_t combine_ready[2];  // cross-rank combine readiness by parity: each rank adds 1
+};
+
+// By-value peer table: the addresses of every rank's exchanged buffers as this rank maps them.
+// With P = 1 entry 0 is this rank's own buffers.
+struct PeerTable {
+  const uint8_t* x_q[kMaxRanks];  // [capacity, H] quantized activations of each source rank
+  const uint8_t* x_s[kMaxRanks];  // [capacity, H/32]
+  RowMeta* recv[kMaxRanks];       // receive index of each target rank
+  uint16_t* combine[kMaxRanks];   // [capacity, k+1, H] BF16 partials of each source rank
+  Signals* signals[kMaxRanks];
+};
+
+// What a wait that timed out was waiting for; written to host-mapped memory before the trap so
+// the host can name it in its error even when device printf output is lost.
+struct WaitDiagnostic {
+  int32_t timed_out;  // 1 once a wait expired
+  int32_t role;       // 1, 2 or 3
+  int32_t what;       // WaitWhat
+  int32_t index;      // block / slot / rank index
+  uint32_t target;
+  uint32_t seen;
+  uint32_t replay;
+  int32_t pad;
+};
+
+enum WaitWhat : int32_t {
+  kWaitRole1Barrier = 1,  // role1 CTAs' grid barrier (r1_arrive)
+  kWaitTag1 = 2,          // cross-rank dispatch barrier
+  kWaitRingEmpty = 3,     // role1 waits for role2 to release a ring slot
+  kWaitRingFull = 4,      // role2 waits for role1 to fill a ring block
+  kWaitXReady = 5,        // role2 (shared expert) waits for the quantized activations
+  kWaitW1Done = 6,        // role2 W2 task waits for its block's W1 tiles
+  kWaitSharedW1Done = 7,  // role2 shared W2 task waits for the shared W1 tiles
+  kWaitCombine = 8,       // role3 waits for every rank's partials
+};
+
+// Names a wait for diagnostics (device printf and the host's error message).
+inline GCMOE_HOST_DEVICE const char* WaitWhatName(int what) {
+  switch (what) {
+    case kWaitRole1Barrier:
+      return "the role1 grid barrier";
+    case kWaitTag1:
+      return "the cross-rank dispatch barrier (tag 1) of every rank";
+    case kWaitRingEmpty:
+      return "role2 to release ring slot";
+    case kWaitRingFull:
+      return "role1 to fill ring block";
+    case kWaitXReady:
+      return "role1 to quantize the activations, for shared block";
+    case kWaitW1Done:
+      return "the W1 tiles of ring block";
+    case kWaitSharedW1Done:
+      return "the shared W1 tiles of block";
+    case kWaitCombine:
+      return "every rank's partials (combine readiness)";
+    default:
+      return "an unknown signal";
+  }
+}
+
+struct LayerParams {
+  LayerDims dims;
+  PeerTable peers;
+  int32_t bm = 8;           // rows per ring block (the graph's instantiation)
+  int32_t ring_blocks = 1;  // R ring slots; logical block b uses slot b % R, generation b / R
+  int32_t max_blocks = 0;   // logical blocks the per-block arrays hold
+  int32_t sequential = 0;   // 1: roles run one after the other (no spin can block)
+  uint64_t timeout_ns = 0;  // every device wait gives up (and traps) after this long
+  int32_t role1_grid = 0;   // role1's CTAs (role2's SM log entries follow role1's)
+  int32_t pad0 = 0;
+
+  const StepHeader* header;
+  const RingBlock* blocks;    // [max_blocks]
+  const ExpertRoute* routes;  // [E]
+  // Step inputs (device copies of the request shard).
+  const void* hidden_in;            // [T, H] in header->in_dtype
+  const uint8_t* hidden_scales_in;  // [T, H/32], FP8 input only
+  const int32_t* topk_ids;          // [T, k]
+  const float* topk_weights;        // [T, k]
+  // This rank's buffers (peers reach theirs through `peers`).
+  uint8_t* x_q;          // [capacity + 64, H]
+  uint8_t* x_s;          // [capacity + 64, H/32]
+  RowMeta* recv;         // [max_recv_rows]
+  uint8_t* ring;         // [R * BM, H]
+  uint8_t* ring_scales;  // [R * BM, H/32]
+  RowMeta* meta;         // [max_blocks * BM]
+  uint8_t* h_q;          // [max_blocks * BM, I]     W1 output, E4M3
+  uint8_t* h_s;          // [max_blocks * BM, I/32]
+  uint8_t* hs_q;         // [capacity + 64, I_s]     shared W1 output
+  uint8_t* hs_s;         // [capacity + 64, I_s/32]
+  uint16_t* combine;     // [capacity, k+1, H] BF16
+  void* out;             // [capacity, H] BF16 or FP32
+  Signals* sig;
+  uint32_t* ring_full;   // [R] generation + 1 of the block last filled into the slot
+  uint32_t* ring_empty;  // [R] W1 tiles finished reading the slot, summed over generations
+  uint32_t* w1_done;     // [max_blocks] W1 tiles finished per logical block
+  uint32_t* w1s_done;    // [max shared blocks] shared W1 tiles finished per block
+  const volatile uint64_t* abort_generation;  // host-mapped; >= header->generation: leave
+  WaitDiagnostic* diag;                       // host-mapped
+  int32_t* smid_log;  // optional [role1 grid + role2 grid]: the SM each CTA ran on
+};
+
+}  // namespace gcmoe::kernels

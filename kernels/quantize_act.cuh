@@ -1,0 +1,83 @@
+// Activation quantization on the device (DESIGN.md §4 step 1): one request row, BF16 / FP32 /
+// FP16, to E4M3 with one UE8M0 scale per 32 values, bit for bit numerics::QuantizeE4M3K32.
+// An FP8 request row (codes + scales) is copied as it is. Run by role1, one warp per row.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_fp16.h>
+
+#include "kernels/device_common.cuh"
+
+namespace gcmoe::kernels {
+
+// Lane `lane` converts blocks lane, lane + 32, ... of row `row`: 32 values in, 32 codes and
+// one scale out.
+__device__ __forceinline__ void QuantizeRowWarp(const void* hidden, const uint8_t* hidden_scales,
+                                                int in_dtype, int hidden_size, int row, int lane,
+                                                uint8_t* x_q, uint8_t* x_s) {
+  const int blocks = hidden_size / 32;
+  const int64_t row_offset = static_cast<int64_t>(row) * hidden_size;
+  uint8_t* q_row = x_q + row_offset;
+  uint8_t* s_row = x_s + static_cast<int64_t>(row) * blocks;
+  if (in_dtype == kInFP8) {
+    const uint8_t* src = static_cast<const uint8_t*>(hidden) + row_offset;
+    for (int o = lane * 16; o < hidden_size; o += 32 * 16) {
+      *reinterpret_cast<uint4*>(q_row + o) = *reinterpret_cast<const uint4*>(src + o);
+    }
+    for (int b = lane; b < blocks; b += 32)
+      s_row[b] = hidden_scales[static_cast<int64_t>(row) * blocks + b];
+    return;
+  }
+  for (int b = lane; b < blocks; b += 32) {
+    float v[32];
+    if (in_dtype == kInFP32) {
+      const float4* src =
+          reinterpret_cast<const float4*>(static_cast<const float*>(hidden) + row_offset + b * 32);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float4 f = src[i];
+        v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
+      }
+    } else {
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(hidden) +
+                                                        row_offset + b * 32);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint4 u = src[i];
+        const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t lo = words[j] & 0xFFFFu;
+          const uint32_t hi = words[j] >> 16;
+          if (in_dtype == kInBF16) {
+            v[8 * i + 2 * j] = Bf16ToFloat(lo);
+            v[8 * i + 2 * j + 1] = Bf16ToFloat(hi);
+          } else {
+            v[8 * i + 2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(lo)));
+            v[8 * i + 2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(hi)));
+          }
+        }
+      }
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    const uint32_t code = BlockScaleCode(amax, 448.0f);
+    const float inverse = InverseScale(code);
+    uint32_t packed[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      packed[i] = EncodeE4m3(__fmul_rn(v[4 * i], inverse)) |
+                  (EncodeE4m3(__fmul_rn(v[4 * i + 1], inverse)) << 8) |
+                  (EncodeE4m3(__fmul_rn(v[4 * i + 2], inverse)) << 16) |
+                  (EncodeE4m3(__fmul_rn(v[4 * i + 3], inverse)) << 24);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(q_row + b * 32);
+    dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+    s_row[b] = static_cast<uint8_t>(code);
+  }
+}
+
+}  // namespace gcmoe::kernels

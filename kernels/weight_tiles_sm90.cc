@@ -1,0 +1,92 @@
+#include "kernels/weight_tiles_sm90.h"
+
+#include <cstring>
+
+namespace gcmoe::kernels {
+namespace {
+
+// One stripe: 16 source rows (their code and scale rows) over the whole contraction.
+void PackStripe(TileFormat format, const uint8_t* const* code_rows,
+                const uint8_t* const* scale_rows, int k, uint8_t* dst) {
+  const int payload = ChunkPayloadBytes(format);
+  for (int c = 0; c < k / 128; ++c) {
+    uint8_t* chunk = dst + static_cast<int64_t>(c) * ChunkBytes(format);
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane >> 2;
+      const int t = lane & 3;
+      for (int kb = 0; kb < 4; ++kb) {
+        const int k0 = c * 128 + kb * 32 + 8 * t;  // first of the lane's 8 positions
+        for (int half = 0; half < 2; ++half) {
+          const uint8_t* row = code_rows[g + 8 * half];
+          if (format == TileFormat::kE2M1) {
+            // piece kb/2, then (kb%2, half) pairs of 4 bytes: 8 nibbles starting at k0.
+            uint8_t* out = chunk + (kb / 2) * 512 + lane * 16 + (kb % 2) * 8 + half * 4;
+            std::memcpy(out, row + k0 / 2, 4);
+          } else {
+            uint8_t* out = chunk + kb * 512 + lane * 16 + half * 8;
+            std::memcpy(out, row + k0, 8);
+          }
+        }
+      }
+    }
+    uint8_t* scales = chunk + payload;
+    for (int g = 0; g < 8; ++g) {
+      for (int kb = 0; kb < 4; ++kb) {
+        for (int half = 0; half < 2; ++half) {
+          scales[g * 8 + kb * 2 + half] = scale_rows[g + 8 * half][c * 4 + kb];
+        }
+      }
+    }
+  }
+}
+
+// Packs tile after tile; row_of(tile, stripe, r) names the source row of each stripe row.
+template <typename RowOf>
+void PackTiles(TileFormat format, const uint8_t* codes, const uint8_t* scales, int num_tiles, int k,
+               RowOf row_of, uint8_t* dst) {
+  const int64_t code_row_bytes = format == TileFormat::kE2M1 ? k / 2 : k;
+  const int64_t scale_row_bytes = k / 32;
+  const uint8_t* code_rows[16];
+  const uint8_t* scale_rows[16];
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    for (int stripe = 0; stripe < 4; ++stripe) {
+      for (int r = 0; r < 16; ++r) {
+        const int64_t row = row_of(tile, stripe, r);
+        code_rows[r] = codes + row * code_row_bytes;
+        scale_rows[r] = scales + row * scale_row_bytes;
+      }
+      PackStripe(format, code_rows, scale_rows, k,
+                 dst + (static_cast<int64_t>(tile) * 4 + stripe) * StripeBytes(format, k));
+    }
+  }
+}
+
+}  // namespace
+
+int64_t GatedTilesBytes(TileFormat format, int inter, int k) {
+  return static_cast<int64_t>(inter / 32) * TileBytes(format, k);
+}
+
+void PackGatedTiles(TileFormat format, const uint8_t* codes, const uint8_t* scales, int inter,
+                    int k, uint8_t* dst) {
+  PackTiles(
+      format, codes, scales, inter / 32, k,
+      [inter](int tile, int stripe, int r) {
+        const int feature = tile * 32 + (stripe % 2) * 16 + r;
+        return stripe < 2 ? feature : inter + feature;  // gate stripes, then up stripes
+      },
+      dst);
+}
+
+int64_t PlainTilesBytes(TileFormat format, int rows, int k) {
+  return static_cast<int64_t>(rows / 64) * TileBytes(format, k);
+}
+
+void PackPlainTiles(TileFormat format, const uint8_t* codes, const uint8_t* scales, int rows, int k,
+                    uint8_t* dst) {
+  PackTiles(
+      format, codes, scales, rows / 64, k,
+      [](int tile, int stripe, int r) { return tile * 64 + stripe * 16 + r; }, dst);
+}
+
+}  // namespace gcmoe::kernels

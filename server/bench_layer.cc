@@ -1,0 +1,298 @@
+// `gcmoe bench layer --config F --tokens-per-rank 1,2,4,...,256`
+//
+// One rank's share of a layer (the config's model as the rank-local slice, P = 1) on the CUDA
+// backend. Per token count: route every token to top-k distinct local experts uniformly at
+// random (each local expert receives T * k / E tokens on average, what it receives in EP-8 for
+// the example slices), run one Step (which quantizes, dispatches, computes and combines on the
+// GPU), then time graph replays with CUDA events after a warm-up and report the median.
+//
+// The floor: bytes of the active experts' weights and scales (every expert with at least one
+// token; the shared expert when the model has one) plus the activations (BF16 in, BF16 out),
+// over the device-to-device copy bandwidth measured in the same run (2 GiB, read + write
+// counted). The weights are streamed from HBM on every replay (hundreds of MB, far above the
+// 60 MB L2), so replays of one input set measure the memory-bound regime.
+#include "server/bench_layer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "balancer/balancer.h"
+#include "config/config.h"
+#include "engine/backend.h"
+#include "engine/numerics.h"
+#include "engine/step_plan.h"
+#include "server/bench_random_weights.h"
+#include "server/flags.h"
+
+#if GCMOE_HAVE_CUDA
+#include "engine/cuda_backend.h"
+#endif
+
+namespace gcmoe::server {
+namespace {
+
+engine::ModelSpec ModelFromConfig(const config::ModelConfig& m) {
+  engine::ModelSpec spec;
+  spec.hidden = m.hidden;
+  spec.intermediate = m.intermediate;
+  spec.num_experts = m.experts;
+  spec.top_k = m.top_k;
+  spec.num_layers = 1;  // the harness runs layer 0 only
+  spec.shared_intermediate = m.shared_intermediate;
+  spec.activation_alpha = m.activation_alpha;
+  spec.activation_clamp = m.activation_clamp;
+  spec.weights = m.weights;
+  return spec;
+}
+
+Result<std::vector<int>> ParseTokenList(const std::string& text) {
+  std::vector<int> tokens;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 1 || v > 65536) {
+      return InvalidArgument("--tokens-per-rank: \"" + item + "\" is not a token count 1..65536");
+    }
+    tokens.push_back(static_cast<int>(v));
+  }
+  if (tokens.empty()) return InvalidArgument("--tokens-per-rank: expected a list like 1,2,4");
+  return tokens;
+}
+
+#if GCMOE_HAVE_CUDA
+struct Row {
+  int tokens = 0;
+  int block_rows = 0;
+  int64_t assignments = 0;
+  int active_experts = 0;
+  double median_us = 0, p10_us = 0, p90_us = 0;
+  double floor_bytes = 0, floor_us = 0, fraction = 0, tflops = 0, gbps = 0;
+};
+
+double Percentile(std::vector<float> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * (v.size() - 1) + 0.5)];
+}
+#endif  // GCMOE_HAVE_CUDA
+
+}  // namespace
+
+int RunBenchLayer(int argc, char** argv) {
+  std::string config_path;
+  std::string tokens_text = "1,2,4,8,16,32,64,128,256";
+  std::string weights_mode = "random";
+  std::string json_path;
+  int shared_intermediate = -1;
+  int warmup = 20;
+  int replays = 200;
+  int seed = 1;
+  Flags flags("gcmoe bench layer",
+              "Times one rank's MoE layer on the GPU (CUDA graph replays) against its memory "
+              "floor.");
+  flags.String("config", &config_path, "config file (model = the rank-local slice)");
+  flags.String("tokens-per-rank", &tokens_text, "token counts to measure, comma-separated");
+  flags.String("weights", &weights_mode,
+               "random (random codes, fast) or config (the config's model.weights)");
+  flags.Int("shared-intermediate", &shared_intermediate,
+            "override model.shared_intermediate (0 = no shared expert; -1 = the config's)");
+  flags.Int("warmup", &warmup, "untimed replays per token count");
+  flags.Int("replays", &replays, "timed replays per token count (the median is reported)");
+  flags.Int("seed", &seed, "seed of the routing, activations and random weights");
+  flags.String("json", &json_path, "also write the results as JSON (for bench/torch_peer.py)");
+  if (const int rc = flags.ParseOrExit(argc, argv, 1); rc >= 0) return rc;
+  if (config_path.empty()) {
+    std::fprintf(stderr, "gcmoe bench layer: --config is required\n");
+    return 2;
+  }
+  auto tokens = ParseTokenList(tokens_text);
+  if (!tokens.ok()) {
+    std::fprintf(stderr, "gcmoe bench layer: %s\n", tokens.status().message().c_str());
+    return 2;
+  }
+  auto config = config::LoadConfigFile(config_path);
+  if (!config.ok()) {
+    std::fprintf(stderr, "gcmoe bench layer: %s\n", config.status().ToString().c_str());
+    return 2;
+  }
+  engine::ModelSpec spec = ModelFromConfig(config->model);
+  if (shared_intermediate >= 0) spec.shared_intermediate = shared_intermediate;
+  if (replays < 1 || warmup < 0) {
+    std::fprintf(stderr, "gcmoe bench layer: --replays must be >= 1 and --warmup >= 0\n");
+    return 2;
+  }
+
+#if !GCMOE_HAVE_CUDA
+  std::fprintf(stderr, "gcmoe bench layer: this gcmoe was built without CUDA\n");
+  return 1;
+#else
+  auto fail = [](const char* what, const Status& s) {
+    std::fprintf(stderr, "gcmoe bench layer: %s: %s\n", what, s.ToString().c_str());
+    return 1;
+  };
+  const int max_tokens = *std::max_element(tokens->begin(), tokens->end());
+  engine::BackendOptions options;
+  options.model = spec;
+  options.max_tokens_per_rank = std::max(max_tokens, config->engine.max_tokens_per_rank);
+  options.device = config->parallel.devices.empty() ? 0 : config->parallel.devices[0];
+  options.dispatch_sms = config->engine.dispatch_sms;
+  options.instance = "bench";
+  auto backend = engine::CudaBackend::Create(options);
+  if (!backend.ok()) return fail("creating the CUDA backend", backend.status());
+  engine::CudaBackend& gpu = **backend;
+  const auto& parts = gpu.partitions();
+  std::fprintf(stderr, "device %d: %d SMs = %d compute + %d dispatch (%s)\n", options.device,
+               parts.total_sms, parts.compute_sms, parts.dispatch_sms,
+               parts.green ? "green contexts" : parts.fallback_reason.c_str());
+
+  const int64_t expert_bytes = RandomCodeWeightSource::RoutedExpertBytes(spec);
+  const int64_t shared_bytes =
+      spec.has_shared() ? RandomCodeWeightSource::SharedExpertBytes(spec) : 0;
+  std::fprintf(stderr, "loading %d experts (%.0f MB of codes and scales%s) ...\n", spec.num_experts,
+               (expert_bytes * spec.num_experts + shared_bytes) / 1e6,
+               spec.has_shared() ? " with the shared expert" : "");
+  const auto load_start = std::chrono::steady_clock::now();
+  std::unique_ptr<engine::WeightSource> weights;
+  if (weights_mode == "random") {
+    weights = std::make_unique<RandomCodeWeightSource>(spec, static_cast<uint64_t>(seed));
+  } else if (weights_mode == "config") {
+    auto opened = engine::WeightSource::Open(spec);
+    if (!opened.ok()) return fail("opening the weights", opened.status());
+    weights = std::move(opened).value();
+  } else {
+    std::fprintf(stderr, "gcmoe bench layer: --weights is random or config, not %s\n",
+                 weights_mode.c_str());
+    return 2;
+  }
+  std::vector<int> experts(spec.num_experts);
+  std::iota(experts.begin(), experts.end(), 0);
+  if (Status s = gpu.LoadExperts(*weights, experts); !s.ok()) return fail("loading experts", s);
+  const std::string name = gpu.transport_name();
+  if (Status s = gpu.ConnectPeers(1, std::span<const std::string>(&name, 1)); !s.ok()) {
+    return fail("connecting", s);
+  }
+  std::fprintf(
+      stderr, "loaded in %.1f s; measuring the copy bandwidth (2 GiB) ...\n",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
+  auto bandwidth = gpu.MeasureCopyBandwidth(size_t{2} << 30, 10);
+  if (!bandwidth.ok()) return fail("measuring the copy bandwidth", bandwidth.status());
+
+  const int H = spec.hidden;
+  const int k = spec.top_k;
+  const int E = spec.num_experts;
+  std::mt19937_64 rng(static_cast<uint64_t>(seed) * 7919 + 1);
+  std::vector<Row> rows;
+  engine::StepPlan plan;
+  const balancer::Placement placement = balancer::ContiguousPlacement(1, E);
+  for (int T : *tokens) {
+    std::fprintf(stderr, "T = %d ...\n", T);
+    // Routing: k distinct experts per token, uniformly; activations N(0, 1) in BF16.
+    std::vector<int32_t> ids(static_cast<size_t>(T) * k);
+    std::vector<float> route_weights(ids.size());
+    std::vector<int> order(E);
+    std::uniform_real_distribution<float> uniform(0.05f, 0.5f);
+    for (int t = 0; t < T; ++t) {
+      std::iota(order.begin(), order.end(), 0);
+      for (int j = 0; j < k; ++j) {
+        std::swap(order[j], order[j + static_cast<int>(rng() % (E - j))]);
+        ids[static_cast<size_t>(t) * k + j] = order[j];
+        route_weights[static_cast<size_t>(t) * k + j] = uniform(rng);
+      }
+    }
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<uint16_t> hidden(static_cast<size_t>(T) * H);
+    for (uint16_t& h : hidden) h = numerics::FloatToBF16(normal(rng));
+    std::vector<int64_t> counts(E, 0);
+    for (int32_t e : ids) ++counts[e];
+    balancer::Split split;
+    split.home_tokens = counts;
+    split.load_before.assign(1, static_cast<int64_t>(ids.size()));
+    split.load_after = split.load_before;
+    const int shard[1] = {T};
+    if (Status s = engine::BuildStepPlan(shard, counts, E, placement, split, &plan); !s.ok()) {
+      return fail("building the step plan", s);
+    }
+    engine::StepContext ctx;
+    ctx.generation = static_cast<uint64_t>(rows.size()) + 1;
+    ctx.num_tokens = T;
+    ctx.hidden.dtype = engine::DType::kBF16;
+    ctx.hidden.data = hidden.data();
+    ctx.topk_ids = ids.data();
+    ctx.topk_weights = route_weights.data();
+    ctx.plan = &plan;
+    engine::StepOutput out;
+    if (Status s = gpu.Step(ctx, &out); !s.ok()) return fail("step", s);
+    for (size_t i = 0; i < out.output.size() / 2; ++i) {
+      uint16_t b;
+      std::memcpy(&b, &out.output[2 * i], 2);
+      if (!std::isfinite(numerics::BF16ToFloat(b))) {
+        std::fprintf(stderr, "gcmoe bench layer: non-finite output at T = %d\n", T);
+        return 1;
+      }
+    }
+    auto times = gpu.TimeReplays(warmup, replays);
+    if (!times.ok()) return fail("timing replays", times.status());
+
+    Row row;
+    row.tokens = T;
+    row.block_rows = gpu.last_block_rows();
+    row.assignments = static_cast<int64_t>(ids.size());
+    row.active_experts = static_cast<int>(
+        std::count_if(counts.begin(), counts.end(), [](int64_t c) { return c > 0; }));
+    row.median_us = Percentile(*times, 0.5);
+    row.p10_us = Percentile(*times, 0.1);
+    row.p90_us = Percentile(*times, 0.9);
+    row.floor_bytes =
+        static_cast<double>(row.active_experts) * expert_bytes + shared_bytes + 2.0 * T * H * 2;
+    row.floor_us = row.floor_bytes / *bandwidth * 1e6;
+    row.fraction = row.floor_us / row.median_us;
+    const double flops = 6.0 * row.assignments * H * spec.intermediate +
+                         6.0 * (spec.has_shared() ? T : 0) * H * spec.shared_intermediate;
+    row.tflops = flops / (row.median_us * 1e-6) / 1e12;
+    row.gbps = row.floor_bytes / (row.median_us * 1e-6) / 1e9;
+    rows.push_back(row);
+  }
+
+  std::printf("gcmoe bench layer: %s (H %d, I %d, %d local experts, top-%d, shared I %d)\n",
+              config_path.c_str(), H, spec.intermediate, E, k, spec.shared_intermediate);
+  std::printf(
+      "GPU split %d compute + %d dispatch SMs; copy bandwidth %.0f GB/s (read + write); "
+      "%d warm-up + %d timed replays per row\n",
+      parts.compute_sms, parts.dispatch_sms, *bandwidth / 1e9, warmup, replays);
+  std::printf("%6s %4s %7s %6s %10s %10s %10s %10s %8s %8s %8s\n", "T/rank", "BM", "assign",
+              "active", "median_us", "p10_us", "p90_us", "floor_us", "floor%", "TFLOPS", "GB/s");
+  for (const Row& r : rows) {
+    std::printf("%6d %4d %7lld %6d %10.1f %10.1f %10.1f %10.1f %7.1f%% %8.2f %8.0f\n", r.tokens,
+                r.block_rows, static_cast<long long>(r.assignments), r.active_experts, r.median_us,
+                r.p10_us, r.p90_us, r.floor_us, 100.0 * r.fraction, r.tflops, r.gbps);
+  }
+  if (!json_path.empty()) {
+    std::ofstream json(json_path);
+    json << "{\"config\": \"" << config_path << "\", \"hidden\": " << H
+         << ", \"intermediate\": " << spec.intermediate << ", \"experts\": " << E
+         << ", \"top_k\": " << k << ", \"shared_intermediate\": " << spec.shared_intermediate
+         << ", \"copy_bandwidth_Bps\": " << *bandwidth << ", \"rows\": [";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      json << (i ? ", " : "") << "{\"tokens\": " << r.tokens << ", \"bm\": " << r.block_rows
+           << ", \"assignments\": " << r.assignments << ", \"active_experts\": " << r.active_experts
+           << ", \"median_us\": " << r.median_us << ", \"floor_us\": " << r.floor_us
+           << ", \"tflops\": " << r.tflops << "}";
+    }
+    json << "]}\n";
+  }
+  return 0;
+#endif
+}
+
+}  // namespace gcmoe::server

@@ -1,0 +1,52 @@
+// CreateCudaBackend's refusals, which need no GPU (run everywhere).
+#include <gtest/gtest.h>
+
+#include "engine/backend.h"
+#include "tests/kernels/gpu_test_util.h"
+
+namespace gcmoe::engine {
+namespace {
+
+BackendOptions Options() {
+  BackendOptions o;
+  o.model.hidden = 256;
+  o.model.intermediate = 128;
+  o.model.num_experts = 8;
+  o.model.top_k = 2;
+  o.model.num_layers = 1;
+  o.model.weights = "synthetic:1";
+  o.max_tokens_per_rank = 16;
+  return o;
+}
+
+TEST(CudaBackendCreate, MoreThanOneRankIsUnimplemented) {
+  BackendOptions o = Options();
+  o.world_size = 2;
+  auto backend = CreateCudaBackend(o);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), StatusCode::kUnimplemented) << backend.status().ToString();
+}
+
+TEST(CudaBackendCreate, HiddenNotAMultipleOf128IsRejected) {
+  BackendOptions o = Options();
+  o.model.hidden = 96;
+  auto backend = CreateCudaBackend(o);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(backend.status().message().find("multiples of 128"), std::string::npos);
+}
+
+TEST(CudaBackendCreate, WithoutAGpuItIsUnavailable) {
+  if (kernels_test::HasGpu()) {
+    auto backend = CreateCudaBackend(Options());
+    EXPECT_TRUE(backend.ok()) << backend.status().ToString();
+    return;
+  }
+  auto backend = CreateCudaBackend(Options());
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), StatusCode::kUnavailable) << backend.status().ToString();
+  EXPECT_NE(backend.status().message().find("no usable CUDA device"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gcmoe::engine
