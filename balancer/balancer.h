@@ -50,6 +50,14 @@ class Balancer {
   virtual Status SetPlacement(const Placement& placement) = 0;
   virtual const Placement& placement() const = 0;
 
+  // Sets the pass count of the solves that follow: the service's coordinator chooses it (fixed,
+  // or calibrated once) and sends it with every step, so that all ranks run the same number.
+  // Policies without passes accept and ignore it.
+  virtual Status SetPasses(int passes) {
+    (void)passes;
+    return Status::Ok();
+  }
+
   // expert_tokens: [E] this step's assignments per expert, summed over source ranks.
   // Deterministic: equal inputs give bit-identical splits on every rank, process and run.
   virtual Status Solve(std::span<const int64_t> expert_tokens, Split* split) = 0;

@@ -45,7 +45,7 @@ struct BalancerConfig {
   bool enabled = false;             // balancer.enabled
   std::string topology = "ring";    // balancer.topology: "ring" | "cube" | "torus:AxB"
   int replicas_per_rank = 2;        // balancer.replicas_per_rank (D)
-  int fractional_bits = 8;          // balancer.fractional_bits (F)
+  int fractional_bits = 20;         // balancer.fractional_bits (F), the solver's fixed point
   std::optional<int> passes = 12;   // balancer.passes: a count, or "auto" (nullopt)
   std::string placement = "uniform";  // balancer.placement: "uniform" | "file" | "observed"
   std::string placement_file;       // balancer.placement_file: mean loads [layers][experts]

@@ -102,7 +102,7 @@ void ReadBalancer(ObjectReader r, BalancerConfig* b) {
   r.Int("replicas_per_rank", kNonNegative, &b->replicas_per_rank);
   // Loads are fixed point with F fractional bits; 16 keeps a step's largest load (well under
   // 2^15 assignments per rank) inside 31 bits.
-  r.Int("fractional_bits", {.min = 0, .max = 16, .expected = "an integer in 0..16"},
+  r.Int("fractional_bits", {.min = 0, .max = 30, .expected = "an integer in 0..30"},
         &b->fractional_bits);
   const std::string passes_expected = "a positive integer or \"auto\"";
   if (const json* passes = r.Raw("passes", passes_expected)) {

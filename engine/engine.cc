@@ -37,19 +37,43 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
   }
   engine->backend_name_ = engine->backend_->name();
 
-  GCMOE_ASSIGN_OR_RETURN(auto weights, WeightSource::Open(model));
+  GCMOE_ASSIGN_OR_RETURN(engine->weights_, WeightSource::Open(model));
+  GCMOE_RETURN_IF_ERROR(engine->LoadHeldExperts());
+  return engine;
+}
+
+Status Engine::LoadHeldExperts() {
+  const ModelSpec& model = options_.backend.model;
   std::vector<int> layers(model.num_layers);
   for (int l = 0; l < model.num_layers; ++l) layers[l] = l;
-  spdlog::info("rank {}: loading {} layer(s) x {} expert(s) from {}", options.backend.rank,
-               model.num_layers, engine->held_experts_.size(), weights->Describe());
+  spdlog::info("rank {}: loading {} layer(s) x {} expert(s) from {}", options_.backend.rank,
+               model.num_layers, held_experts_.size(), weights_->Describe());
   const auto start = std::chrono::steady_clock::now();
-  GCMOE_RETURN_IF_ERROR(weights->CheckExperts(layers, engine->held_experts_));
-  GCMOE_RETURN_IF_ERROR(engine->backend_->LoadExperts(*weights, engine->held_experts_));
+  GCMOE_RETURN_IF_ERROR(weights_->CheckExperts(layers, held_experts_));
+  GCMOE_RETURN_IF_ERROR(backend_->LoadExperts(*weights_, held_experts_));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  spdlog::info("rank {}: weights loaded in {:.2f} s ({} backend)", options.backend.rank, seconds,
-               engine->backend_name_);
-  return engine;
+  spdlog::info("rank {}: weights loaded in {:.2f} s ({} backend)", options_.backend.rank,
+               seconds, backend_name_);
+  return Status::Ok();
+}
+
+Status Engine::SetPlacement(const balancer::Placement& placement) {
+  const balancer::Placement& current = balancer_->placement();
+  if (placement.home == current.home && placement.host == current.host) return Status::Ok();
+  if (placement.num_ranks != options_.backend.world_size ||
+      placement.num_experts != options_.backend.model.num_experts) {
+    return InvalidArgument("engine: placement is for " + std::to_string(placement.num_ranks) +
+                           " ranks and " + std::to_string(placement.num_experts) +
+                           " experts, not this service's");
+  }
+  GCMOE_RETURN_IF_ERROR(balancer_->SetPlacement(placement));
+  const std::vector<int> held = placement.ExpertsOnRank(options_.backend.rank);
+  if (held != held_experts_) {
+    held_experts_ = held;
+    GCMOE_RETURN_IF_ERROR(LoadHeldExperts());
+  }
+  return Status::Ok();
 }
 
 Status Engine::Connect(uint64_t epoch, std::span<const std::string> peer_names) {
@@ -71,6 +95,9 @@ Status Engine::Step(const StepRequest& request, StepOutput* output, StepStats* s
     for (int e = 0; e < experts; ++e) {
       expert_totals_[e] += request.counts[static_cast<size_t>(s) * experts + e];
     }
+  }
+  if (request.relief_passes > 0) {
+    GCMOE_RETURN_IF_ERROR(balancer_->SetPasses(request.relief_passes));
   }
   GCMOE_RETURN_IF_ERROR(balancer_->Solve(expert_totals_, &split_));
   GCMOE_RETURN_IF_ERROR(BuildStepPlan(request.tokens_per_rank, request.counts, experts,

@@ -14,6 +14,7 @@
 #include "engine/backend.h"
 #include "engine/model_spec.h"
 #include "engine/step_plan.h"
+#include "engine/weights.h"
 
 namespace gcmoe::engine {
 
@@ -31,6 +32,7 @@ struct StepRequest {
   const int32_t* topk_ids = nullptr;     // [T_r, k]
   const float* topk_weights = nullptr;   // [T_r, k]
   bool output_fp32 = false;
+  int relief_passes = 0;                 // passes the balancer runs this step; 0: its default
 };
 
 struct StepStats {
@@ -57,6 +59,11 @@ class Engine {
   // Maps the peers' exchange memory for a new epoch (no step in flight anywhere).
   Status Connect(uint64_t epoch, std::span<const std::string> peer_names);
 
+  // Installs another placement (between steps): loads the weights of every expert this rank
+  // now holds a copy of. A no-op when the placement is the one installed.
+  Status SetPlacement(const balancer::Placement& placement);
+  const balancer::Placement& placement() const { return balancer_->placement(); }
+
   Status Step(const StepRequest& request, StepOutput* output, StepStats* stats);
 
   // Thread-safe: the step of this generation (or earlier) gives up as soon as it can.
@@ -64,10 +71,12 @@ class Engine {
 
  private:
   Engine() = default;
+  Status LoadHeldExperts();
 
   EngineOptions options_;
   std::string backend_name_;
   std::unique_ptr<balancer::Balancer> balancer_;
+  std::unique_ptr<WeightSource> weights_;
   std::unique_ptr<Backend> backend_;
   std::vector<int> held_experts_;
   // Reused per step.

@@ -25,8 +25,9 @@ void SliceRows(const gcmoe::v1::Tensor& t, int64_t begin, int64_t rows, gcmoe::v
 
 }  // namespace
 
-Coordinator::Coordinator(const CoordinatorOptions& options, ServiceStats* stats)
-    : options_(options), stats_(stats), slots_(options.world_size) {
+Coordinator::Coordinator(const CoordinatorOptions& options,
+                         std::unique_ptr<BalancePlanner> planner, ServiceStats* stats)
+    : options_(options), stats_(stats), planner_(std::move(planner)), slots_(options.world_size) {
   watchdog_ = std::thread([this] { WatchdogLoop(); });
 }
 
@@ -46,7 +47,7 @@ void Coordinator::AddServingCallback(std::function<void(bool)> callback) {
 
 bool Coordinator::serving() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return serving_ && !draining_;
+  return (serving_ || reconfiguring_) && !draining_;
 }
 
 bool Coordinator::AllAttachedLocked() const {
@@ -75,7 +76,7 @@ void Coordinator::NotifyServing() {
   bool healthy;
   {
     std::lock_guard<std::mutex> state(mu_);
-    healthy = serving_ && !draining_;
+    healthy = (serving_ || reconfiguring_) && !draining_;
   }
   for (const auto& callback : on_serving_) callback(healthy);
 }
@@ -98,6 +99,12 @@ void Coordinator::MaybeStartEpochLocked(Outbox* outbox) {
   setup->set_epoch(epoch_);
   setup->set_first_generation(generation_);
   for (const Slot& slot : slots_) setup->add_peer_transport_names(slot.session->transport_name());
+  internal::Placement* placement = setup->mutable_placement();
+  placement->set_version(planner_->placement_version());
+  placement->mutable_home()->Assign(planner_->placement().home.begin(),
+                                    planner_->placement().home.end());
+  placement->mutable_host()->Assign(planner_->placement().host.begin(),
+                                    planner_->placement().host.end());
   for (Slot& slot : slots_) {
     slot.ready = false;
     outbox->emplace_back(slot.session, message);
@@ -143,6 +150,7 @@ Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
     slot.session = session;
     slot.ready = false;
     ++slot.registrations;
+    reconfiguring_ = false;
     SetServingLocked(false);
     spdlog::info("{} attached (transport {}){}", session->Describe(), session->transport_name(),
                  slot.registrations > 1 ? " after a restart" : "");
@@ -187,6 +195,7 @@ void Coordinator::OnMessage(const std::shared_ptr<RankSession>& session,
         slots_[r].ready = true;
         if (ReadyCountLocked() == options_.world_size) {
           epoch_pending_ = false;
+          reconfiguring_ = false;
           SetServingLocked(true);
         }
       }
@@ -218,6 +227,7 @@ void Coordinator::Unregister(const std::shared_ptr<RankSession>& session) {
     if (slots_[r].session == session) {
       slots_[r].session.reset();
       slots_[r].ready = false;
+      reconfiguring_ = false;
       spdlog::warn("{} disconnected", session->Describe());
       SetServingLocked(false);
       if (in_flight_.active && !in_flight_.reported[r]) {
@@ -267,6 +277,10 @@ Status Coordinator::Forward(const gcmoe::v1::ForwardRequest& request,
     }
   }
   --waiting_;
+  // A planned new epoch (a refitted placement) is waited out, not failed.
+  while (reconfiguring_ && !serving_ && Clock::now() < deadline && !cancelled()) {
+    cv_.wait_for(lock, std::chrono::milliseconds(20));
+  }
   // Calls admitted before a drain began still run: draining refuses only new admissions.
   Status status;
   StepRecord record;
@@ -300,10 +314,14 @@ Status Coordinator::RunStep(const gcmoe::v1::ForwardRequest& request,
   std::vector<std::shared_ptr<RankSession>> sessions(P);
   uint64_t generation;
   uint64_t epoch;
+  int passes;
+  uint64_t placement_version;
   {
     std::lock_guard<std::mutex> lock(mu_);
     generation = ++generation_;
     epoch = epoch_;
+    passes = planner_->passes();
+    placement_version = planner_->placement_version();
     in_flight_ = InFlight{};
     in_flight_.generation = generation;
     in_flight_.active = true;
@@ -332,6 +350,8 @@ Status Coordinator::RunStep(const gcmoe::v1::ForwardRequest& request,
     for (int t : validated.tokens_per_rank) step->add_tokens_per_rank(static_cast<uint32_t>(t));
     for (int64_t c : validated.counts) step->add_counts(c);
     step->set_request_id(request.request_id());
+    step->set_relief_passes(static_cast<uint32_t>(passes));
+    step->set_placement_version(placement_version);
     begin += rows;
     if (!sessions[r] || !sessions[r]->Send(message)) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -385,7 +405,21 @@ Status Coordinator::RunStep(const gcmoe::v1::ForwardRequest& request,
   // Success: assemble the output in rank order and the stats.
   const std::vector<internal::StepResult> results = std::move(in_flight_.results);
   in_flight_.active = false;
+  int64_t slowest_ns = 0;
+  for (const internal::StepResult& r : results) slowest_ns = std::max(slowest_ns, r.engine_ns());
+  std::vector<int64_t> expert_tokens(options_.experts, 0);
+  for (size_t i = 0; i < validated.counts.size(); ++i) {
+    expert_tokens[i % options_.experts] += validated.counts[i];
+  }
+  Outbox outbox;
+  if (planner_->Observe(expert_tokens, slowest_ns)) {
+    // The ranks load the new placement's weights in a new epoch; calls wait meanwhile.
+    reconfiguring_ = true;
+    serving_ = false;
+    MaybeStartEpochLocked(&outbox);
+  }
   lock.unlock();
+  Deliver(&outbox);
 
   gcmoe::v1::Tensor* output = response->mutable_output();
   output->set_dtype(validated.output_fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);

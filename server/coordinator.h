@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "gcmoe/internal/v1/rank.pb.h"
 #include "gcmoe/v1/moe.pb.h"
+#include "server/balance_planner.h"
 #include "server/forward_validation.h"
 #include "server/rank_session.h"
 #include "server/service_stats.h"
@@ -44,7 +45,9 @@ class Coordinator {
  public:
   using Clock = std::chrono::steady_clock;
 
-  Coordinator(const CoordinatorOptions& options, ServiceStats* stats);
+  // `planner` owns the placement and the pass count the ranks use.
+  Coordinator(const CoordinatorOptions& options, std::unique_ptr<BalancePlanner> planner,
+              ServiceStats* stats);
   ~Coordinator();
 
   // Each callback is called with the current state whenever serving may have changed (health,
@@ -106,6 +109,7 @@ class Coordinator {
 
   const CoordinatorOptions options_;
   ServiceStats* stats_;
+  std::unique_ptr<BalancePlanner> planner_;  // guarded by mu_
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -113,6 +117,9 @@ class Coordinator {
   uint64_t epoch_ = 0;
   bool epoch_pending_ = false;  // Setup sent, waiting for Ready
   bool serving_ = false;
+  // A new epoch the coordinator chose (a refitted placement), not a failure: calls wait for it
+  // instead of failing, and health stays SERVING.
+  bool reconfiguring_ = false;
   bool draining_ = false;
   uint64_t generation_ = 0;
   InFlight in_flight_;

@@ -45,7 +45,9 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
   options.exchange_timeout_ms = config.engine.exchange_timeout_ms;
   options.step_timeout_ms = config.server.step_timeout_ms;
   options.balancer_enabled = config.balancer.enabled;
-  server->coordinator_ = std::make_unique<Coordinator>(options, server->stats_.get());
+  GCMOE_ASSIGN_OR_RETURN(auto planner, BalancePlanner::Create(config));
+  server->coordinator_ =
+      std::make_unique<Coordinator>(options, std::move(planner), server->stats_.get());
   server->moe_service_ = std::make_unique<MoeServiceImpl>(
       config, max_bytes, server->coordinator_.get(), server->stats_.get());
   server->rank_service_ = std::make_unique<RankControlService>(server->coordinator_.get());

@@ -1,6 +1,13 @@
 #include "server/engine_config.h"
 
 #include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "balancer/placement.h"
+#include "balancer/relief.h"
+#include "balancer/topology.h"
 
 namespace gcmoe::server {
 
@@ -37,13 +44,78 @@ engine::EngineOptions EngineOptionsFromConfig(const config::Config& config, int 
   return options;
 }
 
+namespace {
+
+// balancer.placement_file: JSON mean loads, [experts] or [layers][experts].
+Result<std::vector<double>> ReadMeanLoads(const std::string& path, int experts) {
+  std::ifstream in(path);
+  if (!in) return NotFound("balancer.placement_file: cannot open \"" + path + "\"");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument("balancer.placement_file: " + path + " is not JSON: " + e.what());
+  }
+  std::vector<double> mean(experts, 0.0);
+  auto add_row = [&](const nlohmann::json& row, const std::string& where) -> Status {
+    if (!row.is_array() || static_cast<int>(row.size()) != experts) {
+      return InvalidArgument("balancer.placement_file: " + where + " must be an array of " +
+                             std::to_string(experts) + " mean loads (model.experts)");
+    }
+    for (int e = 0; e < experts; ++e) {
+      if (!row[e].is_number() || row[e].get<double>() < 0) {
+        return InvalidArgument("balancer.placement_file: " + where + "[" + std::to_string(e) +
+                               "] must be a non-negative number");
+      }
+      mean[e] += row[e].get<double>();
+    }
+    return Status::Ok();
+  };
+  if (j.is_array() && !j.empty() && j[0].is_array()) {
+    for (size_t l = 0; l < j.size(); ++l) {
+      GCMOE_RETURN_IF_ERROR(add_row(j[l], "row " + std::to_string(l)));
+    }
+  } else {
+    GCMOE_RETURN_IF_ERROR(add_row(j, "the array"));
+  }
+  return mean;
+}
+
+}  // namespace
+
+Result<balancer::Placement> FitObservedPlacement(const config::Config& config,
+                                                 std::span<const double> mean_load) {
+  GCMOE_ASSIGN_OR_RETURN(balancer::Topology topology,
+                         balancer::ParseTopology(config.balancer.topology, config.parallel.ranks));
+  return balancer::FitPlacement(mean_load, topology, config.balancer.replicas_per_rank);
+}
+
+Result<balancer::Placement> InitialPlacement(const config::Config& config) {
+  if (!config.balancer.enabled) {
+    return balancer::ContiguousPlacement(config.parallel.ranks, config.model.experts);
+  }
+  std::vector<double> mean(config.model.experts, 1.0);
+  if (config.balancer.placement == "file") {
+    GCMOE_ASSIGN_OR_RETURN(mean, ReadMeanLoads(config.balancer.placement_file,
+                                                config.model.experts));
+  }
+  return FitObservedPlacement(config, mean);
+}
+
 Result<BalancerSetup> BalancerFromConfig(const config::Config& config) {
   BalancerSetup setup;
-  setup.placement = balancer::ContiguousPlacement(config.parallel.ranks, config.model.experts);
-  if (config.balancer.enabled) {
-    return Unimplemented("balancer.enabled: the Relief balancer is not built into this binary");
+  GCMOE_ASSIGN_OR_RETURN(setup.placement, InitialPlacement(config));
+  if (!config.balancer.enabled) {
+    setup.balancer = balancer::CreateNoReplicationBalancer();
+    return setup;
   }
-  setup.balancer = balancer::CreateNoReplicationBalancer();
+  balancer::ReliefOptions options;
+  options.fraction_bits = config.balancer.fractional_bits;
+  // "auto": the coordinator calibrates I* and sends it with every step; until then it sends
+  // its own choice too, so this is only the fallback for a step that names none.
+  options.passes = config.balancer.passes.value_or(kDefaultReliefPasses);
+  options.auto_passes = false;
+  GCMOE_ASSIGN_OR_RETURN(setup.balancer, balancer::CreateReliefBalancer(options));
   return setup;
 }
 

@@ -187,7 +187,18 @@ void RankProcess::WorkerLoop(Stream* stream) {
 void RankProcess::HandleSetup(const internal::Setup& setup, Stream* stream) {
   std::vector<std::string> peers(setup.peer_transport_names().begin(),
                                  setup.peer_transport_names().end());
-  const Status status = engine_->Connect(setup.epoch(), peers);
+  Status status = Status::Ok();
+  if (setup.has_placement()) {
+    balancer::Placement placement;
+    placement.num_ranks = options_.config.parallel.ranks;
+    placement.num_experts = options_.config.model.experts;
+    placement.home.assign(setup.placement().home().begin(), setup.placement().home().end());
+    placement.host.assign(setup.placement().host().begin(), setup.placement().host().end());
+    status = placement.Validate();
+    if (status.ok()) status = engine_->SetPlacement(placement);
+    if (status.ok()) placement_version_ = setup.placement().version();
+  }
+  if (status.ok()) status = engine_->Connect(setup.epoch(), peers);
   internal::RankMessage reply;
   reply.mutable_ready()->set_epoch(setup.epoch());
   if (!status.ok()) {
@@ -215,8 +226,14 @@ void RankProcess::HandleStep(const internal::Step& step, Stream* stream) {
   request.topk_ids = reinterpret_cast<const int32_t*>(step.topk_ids().data().data());
   request.topk_weights = reinterpret_cast<const float*>(step.topk_weights().data().data());
   request.output_fp32 = step.output_dtype() == gcmoe::v1::FP32;
+  request.relief_passes = static_cast<int>(step.relief_passes());
 
-  const Status status = engine_->Step(request, &output_, &stats_);
+  const Status status =
+      step.placement_version() != placement_version_
+          ? Internal("step " + std::to_string(step.generation()) + " is for placement version " +
+                     std::to_string(step.placement_version()) + ", this rank holds version " +
+                     std::to_string(placement_version_))
+          : engine_->Step(request, &output_, &stats_);
   internal::RankMessage reply;
   internal::StepResult* result = reply.mutable_step_result();
   result->set_generation(step.generation());

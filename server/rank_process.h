@@ -54,6 +54,7 @@ class RankProcess {
   std::unique_ptr<engine::Engine> engine_;
   engine::StepOutput output_;
   engine::StepStats stats_;
+  uint64_t placement_version_ = 0;  // of the placement installed by the last Setup (worker only)
 
   std::mutex mu_;
   std::condition_variable cv_;
