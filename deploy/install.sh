@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs a built gcmoe on this host: the binary, a config, the systemd units and a system user.
+#   deploy/install.sh [--build-dir build] [--config config/examples/tiny-cpu.json] [--prefix /]
+# Run ./run.sh build first. With --prefix DIR it installs under DIR (for packaging or a dry run)
+# and touches neither users nor systemd.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build_dir=build
+config=config/examples/tiny-cpu.json
+prefix=/
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-dir) build_dir=$2; shift 2 ;;
+    --config) config=$2; shift 2 ;;
+    --prefix) prefix=$2; shift 2 ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+binary="$build_dir/gcmoe"
+[ -x "$binary" ] || { echo "install.sh: $binary not found; run ./run.sh build first" >&2; exit 1; }
+"$binary" config validate "$config"
+
+install -D -m 0755 "$binary" "$prefix/usr/local/bin/gcmoe"
+install -d -m 0755 "$prefix/etc/gcmoe"
+if [ -e "$prefix/etc/gcmoe/gcmoe.json" ]; then
+  echo "install.sh: keeping the existing $prefix/etc/gcmoe/gcmoe.json"
+else
+  install -m 0644 "$config" "$prefix/etc/gcmoe/gcmoe.json"
+fi
+for unit in deploy/systemd/*.service; do
+  install -D -m 0644 "$unit" "$prefix/etc/systemd/system/$(basename "$unit")"
+done
+install -D -m 0644 README.md "$prefix/usr/local/share/doc/gcmoe/README.md"
+
+if [ "$prefix" = "/" ]; then
+  if ! id gcmoe >/dev/null 2>&1; then
+    useradd --system --no-create-home --shell /usr/sbin/nologin gcmoe
+  fi
+  if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    systemctl daemon-reload
+    echo "install.sh: installed. Start with: systemctl enable --now gcmoe"
+  else
+    echo "install.sh: installed (no running systemd here: start with gcmoe serve --config /etc/gcmoe/gcmoe.json)"
+  fi
+else
+  echo "install.sh: installed under $prefix"
+fi
