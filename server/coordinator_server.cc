@@ -58,6 +58,9 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
   int rank_port = 0;
   {
     grpc::ServerBuilder builder;
+    // gRPC turns SO_REUSEPORT on by default on Linux, which would let a second service bind
+    // the same port and silently share its traffic: a busy port must be an error instead.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     builder.AddListeningPort(config.server.rank_listen, grpc::InsecureServerCredentials(),
                              &rank_port);
     builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
@@ -66,12 +69,13 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
     server->rank_server_ = builder.BuildAndStart();
     if (!server->rank_server_ || rank_port == 0) {
       return Unavailable("server.rank_listen: cannot listen on " + config.server.rank_listen +
-                         " (address in use or not local?)");
+                         " (in use by another process, or not an address of this host)");
     }
   }
   int public_port = 0;
   {
     grpc::ServerBuilder builder;
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     builder.AddListeningPort(config.server.listen, grpc::InsecureServerCredentials(),
                              &public_port);
     builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
@@ -81,7 +85,7 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
     if (!server->public_server_ || public_port == 0) {
       server->rank_server_->Shutdown();
       return Unavailable("server.listen: cannot listen on " + config.server.listen +
-                         " (address in use or not local?)");
+                         " (in use by another process, or not an address of this host)");
     }
   }
   server->public_address_ = WithPort(config.server.listen, public_port);

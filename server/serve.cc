@@ -35,7 +35,7 @@ int RunServeCommand(int argc, char** argv) {
   flags.String("config", &config_path, "config file (default: the embedded tiny CPU model)");
   flags.Repeated("set", &overrides, "override a config key, e.g. --set engine.threads=2");
   flags.String("listen", &listen, "public API address host:port (overrides server.listen)");
-  flags.Int("ranks", &ranks, "number of rank processes (overrides parallel.ranks)");
+  flags.Int("ranks", &ranks, "number of rank processes; 0 keeps the config's parallel.ranks");
   flags.String("address-file", &address_file,
                "write the bound API address to this file once serving (for scripts, tests)");
   flags.Int("drain-ms", &drain_ms, "on SIGTERM, how long admitted calls may take to finish");

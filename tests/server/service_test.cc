@@ -205,6 +205,19 @@ TEST_F(ServiceTest, HealthReflectionAndModelInfo) {
   EXPECT_EQ(info.max_tokens(), 2048u);
 }
 
+TEST_F(ServiceTest, ASecondServiceOnTheSamePortFailsInsteadOfSharingIt) {
+  ASSERT_TRUE(service_->has_value());
+  auto second = Process::Start({"serve", "--listen", service().address, "--set",
+                                "server.rank_listen=127.0.0.1:0"},
+                               TempPath("second.log"));
+  const auto status = second->Wait(milliseconds(20000));
+  ASSERT_TRUE(status.has_value()) << "a second service started on " << service().address;
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << second->Log();
+  EXPECT_NE(second->Log().find("cannot listen on " + service().address), std::string::npos)
+      << second->Log();
+  EXPECT_EQ(HealthStatus(service().address), "SERVING");
+}
+
 TEST(ServiceRanksTest, SameRequestIsBitIdenticalThroughOneTwoAndFourRanks) {
   std::vector<Service> services;
   for (int ranks : {1, 2, 4}) {
