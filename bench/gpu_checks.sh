@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Every GPU check of the CUDA backend, run on the GPU machine from a bundle that
-# /work/shared/tools/device-bundle made of build-cuda/gcmoe and build-cuda/tests/kernels/*:
+# ../shared/tools/device-bundle made of build-cuda/gcmoe and build-cuda/tests/kernels/*:
 #
-#   bench/gpu_checks.sh [STAGE...]     stages: sass ctest sanitizer bench peer serve (default all)
+#   bench/gpu_checks.sh [STAGE...]     stages: sass ctest sanitizer bench peer serve variants
+#                                      ablate ncu (default: all but the last three)
 #
-# Environment: BUNDLE (default .device), OUT (logs; default /tmp/gcmoe-gpu-checks).
+# Environment: BUNDLE (default .device), OUT (logs; default /tmp/gcmoe-gpu-checks),
+# GCMOE_CUDA_GEMM (role2 kernel for ctest/bench: stream default, wgmma, mma), TOKENS (bench).
 # Logs go to $OUT; a summary table is printed last.
 set -u
 BUNDLE=${BUNDLE:-.device}
@@ -18,6 +20,7 @@ export NCCL_NVLS_ENABLE=0
 GPU_TEST="$BUNDLE/bin/kernels_gpu_test"
 GCMOE="$BUNDLE/bin/gcmoe"
 STAGES=${*:-"sass ctest sanitizer bench peer serve"}
+TOKENS=${TOKENS:-1,2,4,8,16,32,64,128,256}
 SUMMARY=()
 note() { SUMMARY+=("$(printf '%-10s %-6s %s' "$1" "$2" "$3")"); }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -30,6 +33,13 @@ if has sass; then
   cuobjdump --dump-sass "$GPU_TEST" > /tmp/gcmoe-sass.txt 2>&1
   mma=$(grep -oE '\b(HMMA|QMMA|HGMMA|QGMMA|IMMA)[A-Z0-9._]*' /tmp/gcmoe-sass.txt | sort | uniq -c | tr '\n' ' ')
   note sass ok "${mma:-no MMA instructions found}"
+  # Per role2 kernel: matrix instructions and local-memory traffic (spills, stack arrays).
+  awk '/Function : /{f=$3} f ~ /GroupedGemm/ {
+         if ($0 ~ /QGMMA|HGMMA/) g[f]++; if ($0 ~ /HMMA/) h[f]++;
+         if ($0 ~ /LDL|STL/) l[f]++; seen[f]=1 }
+       END { for (f in seen) printf "%-110s GMMA %4d HMMA %4d LDL/STL %3d\n", f, g[f], h[f], l[f] }' \
+    /tmp/gcmoe-sass.txt | sort > "$OUT/sass-role2.txt"
+  cat "$OUT/sass-role2.txt"
 fi
 
 if has ctest; then
@@ -72,7 +82,7 @@ if has bench; then
     tag=$1; [[ $2 != -1 ]] && tag="$1-shared"
     echo "\$ gcmoe bench layer --config config/examples/$1.json --shared-intermediate $2" >> "$OUT/bench.txt"
     timeout 240 "$GCMOE" bench layer --config "config/examples/$1.json" --shared-intermediate "$2" \
-      --tokens-per-rank 1,2,4,8,16,32,64,128,256 --json "/tmp/gcmoe-bench-$tag.json" \
+      --tokens-per-rank "$TOKENS" --json "/tmp/gcmoe-bench-$tag.json" \
       >> "$OUT/bench.txt" 2>> "$OUT/bench.txt"
     note bench $? "$tag"
   done
@@ -89,6 +99,56 @@ if has peer; then
     >> "$OUT/peer.txt" 2>&1
   note peer-ds $? ""
   grep -v "^T=" "$OUT/peer.txt"
+fi
+
+# Variants that drop one stage of the design (GLM slice): the same warp-specialized pipeline
+# with mma.sync instead of wgmma, and the stepping stone (no bulk-copy pipeline, no wgmma).
+bench_rows() {  # label, then gcmoe bench layer flags; appends "label T us floor%" rows
+  local label=$1; shift
+  timeout 120 "$GCMOE" bench layer --config config/examples/glm-5.2-ep8-rank.json \
+    --warmup 10 --replays 100 "$@" > /tmp/gcmoe-row.txt 2>&1
+  local rc=$?
+  cat /tmp/gcmoe-row.txt >> "$OUT/$STAGE_LOG"
+  awk -v l="$label" -v rc=$rc '$1 ~ /^[0-9]+$/ && NF == 11 {printf "%-28s T %4d BM %2d %9.1f us %6s\n", l, $1, $2, $5, $9}
+       END { if (rc != 0) printf "%-28s FAILED rc %d\n", l, rc }' /tmp/gcmoe-row.txt | tee -a "$OUT/$STAGE_LOG.rows"
+}
+if has variants; then
+  STAGE_LOG=variants.txt; : > "$OUT/$STAGE_LOG"; : > "$OUT/$STAGE_LOG.rows"
+  for g in wgmma stream mma; do
+    bench_rows "gemm=$g" --gemm "$g" --tokens-per-rank 1,8,16,64,256
+  done
+  note variants ok "$(wc -l < "$OUT/$STAGE_LOG.rows") rows"
+fi
+
+# Ablations (GLM slice, wgmma): overlap off (one context, dispatch then GEMM) against on;
+# the dispatch partition's SM request; the block size BM.
+if has ablate; then
+  STAGE_LOG=ablate.txt; : > "$OUT/$STAGE_LOG"; : > "$OUT/$STAGE_LOG.rows"
+  for d in 0 4 8 16 24; do
+    bench_rows "dispatch-sms=$d" --dispatch-sms "$d" --tokens-per-rank 1,8,64,256
+  done
+  for bm in 8 16 32 64; do
+    bench_rows "bm=$bm" --bm "$bm" --tokens-per-rank 8,64,256
+  done
+  note ablate ok "$(wc -l < "$OUT/$STAGE_LOG.rows") rows"
+fi
+
+# What bounds role2 (ncu, clocks left alone): one role2 launch of the GLM slice at T = 8 and 64,
+# one context with the roles in sequence (ncu serializes kernels; nothing may spin on a kernel
+# that is not running). The first 4 role2 launches are the graphs' empty warm-up replays.
+if has ncu; then
+  : > "$OUT/ncu.txt"
+  for T in 8 64; do
+    timeout 180 ncu --clock-control none --kernel-name regex:GroupedGemm --launch-skip 4 \
+      --launch-count 1 --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section Occupancy \
+      "$GCMOE" bench layer --config config/examples/glm-5.2-ep8-rank.json --dispatch-sms 0 \
+      --tokens-per-rank "$T" --warmup 0 --replays 1 > /tmp/gcmoe-ncu.txt 2>&1
+    note ncu $? "T $T"
+    { echo "==== ncu T = $T"; cat /tmp/gcmoe-ncu.txt; } >> "$OUT/ncu.txt"
+    grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|stalled|L2 Hit|Achieved Occupancy|Theoretical Occupancy|Mem Busy|Max Bandwidth" \
+      /tmp/gcmoe-ncu.txt | cut -c1-220 | sed "s/^/T=$T /"
+  done
 fi
 
 if has serve; then

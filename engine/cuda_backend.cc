@@ -122,6 +122,18 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   graph_options.timeout_ns =
       static_cast<uint64_t>(std::max(1, EnvInt("GCMOE_CUDA_WAIT_TIMEOUT_MS", 5000))) * 1000000ull;
   graph_options.record_sm_ids = EnvInt("GCMOE_CUDA_RECORD_SM_IDS", 0) != 0;
+  if (const char* gemm = std::getenv("GCMOE_CUDA_GEMM"); gemm != nullptr && *gemm != '\0') {
+    const std::string name = gemm;
+    if (name == "mma") {
+      graph_options.gemm = kernels::GemmKernel::kMmaSync;
+    } else if (name == "stream") {
+      graph_options.gemm = kernels::GemmKernel::kStreamMma;
+    } else if (name == "wgmma") {
+      graph_options.gemm = kernels::GemmKernel::kStreamWgmma;
+    } else {
+      return InvalidArgument("cuda backend: GCMOE_CUDA_GEMM is wgmma, stream or mma, not " + name);
+    }
+  }
   std::unique_ptr<kernels::LayerGraph> graph;
   std::string message;
   err = kernels::LayerGraph::Create(graph_options, &graph, &message);
@@ -222,7 +234,17 @@ Status CudaBackend::ConnectPeers(uint64_t /*epoch*/, std::span<const std::string
 
 void CudaBackend::Abort(uint64_t generation) { graph_->Abort(generation); }
 
+Status CudaBackend::ForceBlockRows(int bm) {
+  if (bm != 0 && kernels::BlockSizeIndex(bm) < 0) {
+    return InvalidArgument("cuda backend: block size " + std::to_string(bm) +
+                           " is not one of 8, 16, 32, 64");
+  }
+  forced_bm_ = bm;
+  return Status::Ok();
+}
+
 int CudaBackend::ChooseBlockRows(int64_t rows) const {
+  if (forced_bm_ != 0) return forced_bm_;
   const double per_expert = static_cast<double>(rows) / std::max(1, held_experts_);
   const double want = per_expert + std::sqrt(per_expert);
   for (int bm : kernels::kBlockSizes) {

@@ -7,6 +7,10 @@
 //   GCMOE_CUDA_SEQUENTIAL=1      roles one after the other (tools that serialize kernels)
 //   GCMOE_CUDA_WAIT_TIMEOUT_MS=N device spin-wait limit (default 5000)
 //   GCMOE_CUDA_RECORD_SM_IDS=1   role1/role2 CTAs log their SM (ReadSmIds)
+//   GCMOE_CUDA_GEMM=K            role2 kernel: stream (default: warp-specialized bulk-copy
+//                                pipeline, mma.sync), wgmma (the same pipeline with register-A
+//                                wgmma; not within calc_diff 1e-4 everywhere), mma (stepping
+//                                stone)
 #pragma once
 
 #include <cstdint>
@@ -40,6 +44,11 @@ class CudaBackend final : public Backend {
   // The block size a step with `rows` routed assignments on this rank uses: the smallest of
   // 8, 16, 32, 64 covering m + sqrt(m) for m = rows / held experts, else 64.
   int ChooseBlockRows(int64_t rows) const;
+  // Pins the block size of later steps (8, 16, 32 or 64; 0 = ChooseBlockRows), for ablations.
+  Status ForceBlockRows(int bm);
+  kernels::GemmKernel gemm_kernel() const { return graph_->gemm_kernel(); }
+  const kernels::Role2Shape& role2_shape(int bm) const { return graph_->role2_shape(bm); }
+  int role2_grid(int bm) const { return graph_->role2_grid(bm); }
 
   // Replays the last Step's graph (same inputs) `warmup` times untimed, then `replays` times,
   // each timed with CUDA events; returns the per-replay times in microseconds.
@@ -72,6 +81,7 @@ class CudaBackend final : public Backend {
   std::vector<int> slot_of_;  // [E] local slot of a held expert, -1 otherwise
   int held_experts_ = 0;
   int last_bm_ = 0;
+  int forced_bm_ = 0;
   bool connected_ = false;
 
   // Host copies of the step tables, storage reused.

@@ -85,6 +85,9 @@ cudaError_t Create(int device, int request, GreenContextPair* pair, std::string*
              cudaGetErrorString(err);
     return err;
   }
+  // A request of 0 asks for no split: one ordinary context, roles in sequence (the "overlap
+  // off" configuration the ablation measures against).
+  if (request == 0) return MakeFallback(pair, "dispatch request 0: one context, no overlap");
   DriverApi api;
   const std::string missing = ResolveAll(&api);
   if (!missing.empty()) {

@@ -30,7 +30,8 @@ struct GreenContextPair {
 // The pair for `device` with `dispatch_sms_request` SMs asked for dispatch: the compute
 // partition gets floor((total - request) / alignment) * alignment SMs, the dispatch partition
 // the rest. Validated: at least 32 compute SMs, compute + dispatch == total, the read-back SM
-// counts of both contexts equal the split. Errors (a request that leaves too few compute SMs,
+// counts of both contexts equal the split. A request of 0 gives the single-context fallback
+// (all SMs, roles in sequence). Errors (a request that leaves too few compute SMs,
 // a driver failure) return non-success with `error` set; missing green-context support is not
 // an error but the fallback, with `fallback_reason` set.
 cudaError_t GetGreenContextPair(int device, int dispatch_sms_request, const GreenContextPair** pair,

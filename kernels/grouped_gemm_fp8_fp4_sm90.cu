@@ -1,9 +1,10 @@
 // role2: the grouped GEMM of a GC-MoE layer on the compute partition (DESIGN.md §4 steps 2-4).
 //
-// Stepping stone (documented in docs/PERFORMANCE.md): the paper's structure (operand swap:
+// Stepping stone, kept selectable (GCMOE_CUDA_GEMM=mma): the paper's structure (operand swap:
 // weights are the MMA's M side, tokens its N side; FP4 decoded to E4M3 in registers; per-32
-// block scales applied outside the MMA) on warp-level mma.sync.m16n8k32 E4M3 instead of
-// register-A WGMMA. The next issue moves the inner loop to WGMMA m64nNk32.
+// block scales applied outside the MMA) on warp-level mma.sync.m16n8k32 E4M3, every warp
+// streaming its own weights through cp.async. The default role2 is the warp-specialized
+// kernel of grouped_gemm_wgmma_fp8_fp4_sm90.cu (its mma.sync variant).
 //
 // A task is one 64-row weight tile against one block of BM tokens:
 //   shared W1, routed W1: 32 SwiGLU features of the block (gate and up rows of one tile),
@@ -19,6 +20,7 @@
 #include <cstdint>
 
 #include "kernels/device_common.cuh"
+#include "kernels/gemm_epilogue_sm90.cuh"
 #include "kernels/layer_roles.h"
 #include "kernels/weight_tiles_sm90.h"
 
@@ -92,8 +94,8 @@ __device__ __forceinline__ void TileMainloop(const GemmOperand& op, uint8_t* sta
   const int c_begin = half == 0 ? 0 : mid;
   const int n_chunks = (half == 0 ? mid : chunks) - c_begin;
   const int scale_row_bytes = op.k / 32;
-  const uint8_t* src = op.tile + static_cast<int64_t>(stripe) * chunks * kChunkBytes +
-                       static_cast<int64_t>(c_begin) * kChunkBytes;
+  // Chunk c of this stripe: (c * 4 + stripe) chunks into the tile (chunk-major tiles).
+  const uint8_t* src = op.tile + (static_cast<int64_t>(c_begin) * 4 + stripe) * kChunkBytes;
 
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -102,7 +104,7 @@ __device__ __forceinline__ void TileMainloop(const GemmOperand& op, uint8_t* sta
   }
 
   auto issue = [&](int i) {
-    const uint8_t* chunk = src + static_cast<int64_t>(i) * kChunkBytes;
+    const uint8_t* chunk = src + static_cast<int64_t>(i) * 4 * kChunkBytes;
     uint8_t* dst = stages + (i % kStages) * kStageBytes;
 #pragma unroll
     for (int p = 0; p < kPieces; ++p)
@@ -123,9 +125,11 @@ __device__ __forceinline__ void TileMainloop(const GemmOperand& op, uint8_t* sta
     for (int nt = 0; nt < NT; ++nt) {
       if (nt * 8 < op.rows) {
         const int rb = min(nt * 8 + g, op.rows - 1);
-        const uint8_t* row = op.act + static_cast<int64_t>(rb) * op.k + k0 + 8 * t;
+        // b0: logical positions 4t..4t+3 of the scale block, b1: 16+4t.. (the tile order).
+        const uint8_t* row = op.act + static_cast<int64_t>(rb) * op.k + k0 + 4 * t;
 #pragma unroll
-        for (int kb = 0; kb < 4; ++kb) b[nt][kb] = LdCg64(row + kb * 32);
+        for (int kb = 0; kb < 4; ++kb)
+          b[nt][kb] = make_uint2(LdCg32(row + kb * 32), LdCg32(row + kb * 32 + 16));
         const int r0 = min(nt * 8 + 2 * t, op.rows - 1);
         const int r1 = min(nt * 8 + 2 * t + 1, op.rows - 1);
         sx_lo[nt] = LdCg32(op.act_scales + static_cast<int64_t>(r0) * scale_row_bytes + k0 / 32);
@@ -235,67 +239,6 @@ __device__ __forceinline__ void TileGemm(const GemmOperand& op, uint8_t* smem, f
   }
 }
 
-__device__ __forceinline__ float RedSum(const float* red, int pitch, int row, int col) {
-  return red[row * pitch + col] + red[(kTileRows + row) * pitch + col];
-}
-
-// W1 epilogue (DESIGN.md §4 step 3 and 4a): a = BF16(W1 x); h = ((g' sigmoid(a g')) u') w;
-// E4M3 per 32 features. Warp per token, lane per feature: the warp's 32 lanes are one block.
-template <int NT>
-__device__ void SwigluEpilogue(const LayerParams& p, const float* red, int rows, int tile,
-                               int inter, const RowMeta* meta, uint8_t* h_q, uint8_t* h_s) {
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  for (int n = warp; n < rows; n += kWarps) {
-    float gate = RoundBf16(RedSum(red, RedPitch(NT), lane, n));
-    float up = RoundBf16(RedSum(red, RedPitch(NT), 32 + lane, n));
-    if (p.dims.has_clamp) {
-      gate = fminf(gate, p.dims.clamp);
-      up = fmaxf(fminf(up, p.dims.clamp), -p.dims.clamp);
-    }
-    const float weight = meta != nullptr ? __ldcg(&meta[n].weight) : 1.0f;
-    // Rounded operations, never contracted, in the CPU's order.
-    const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(p.dims.alpha, gate))));
-    const float h = __fmul_rn(__fmul_rn(__fmul_rn(gate, sig), up), weight);
-    float amax = fabsf(h);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-    const uint32_t code = BlockScaleCode(amax, 448.0f);
-    h_q[static_cast<int64_t>(n) * inter + tile * 32 + lane] =
-        static_cast<uint8_t>(EncodeE4m3(__fmul_rn(h, InverseScale(code))));
-    if (lane == 0) h_s[static_cast<int64_t>(n) * (inter / 32) + tile] = static_cast<uint8_t>(code);
-  }
-}
-
-// W2 epilogue (step 4b): BF16 partials of the tile's 64 hidden features, two per lane, written
-// straight to the source rank's combine buffer at (token, slot): role3 only reduces.
-template <int NT>
-__device__ void ScatterEpilogue(const LayerParams& p, const float* red, int rows, int tile,
-                                const RowMeta* meta, int shared_first_token) {
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  const int H = p.dims.hidden;
-  const int k = p.dims.top_k;
-  for (int n = warp; n < rows; n += kWarps) {
-    int token, slot, src;
-    if (meta != nullptr) {
-      const uint4 m = LdCg128(&meta[n]);
-      token = static_cast<int>(m.x);
-      slot = static_cast<int>(m.y);
-      src = static_cast<int>(m.z);
-    } else {
-      token = shared_first_token + n;
-      slot = k;
-      src = p.dims.rank;
-    }
-    const float v0 = RedSum(red, RedPitch(NT), 2 * lane, n);
-    const float v1 = RedSum(red, RedPitch(NT), 2 * lane + 1, n);
-    uint16_t* dst = p.peers.combine[src] + (static_cast<int64_t>(token) * (k + 1) + slot) * H +
-                    tile * kTileRows + 2 * lane;
-    *reinterpret_cast<uint32_t*>(dst) = Bf16Bits(v0) | (Bf16Bits(v1) << 16);
-  }
-}
-
 enum TaskKind { kSharedW1 = 0, kRoutedW1 = 1, kSharedW2 = 2, kRoutedW2 = 3 };
 
 template <int NT>
@@ -401,22 +344,28 @@ __global__ void __launch_bounds__(kRoleThreads, NT <= 4 ? 2 : 1)
     }
     __syncthreads();  // red complete
 
+    // Both contraction halves of a result, summed.
+    auto red_at = [red](int row, int col) {
+      return red[row * RedPitch(NT) + col] + red[(kTileRows + row) * RedPitch(NT) + col];
+    };
     switch (kind) {
       case kSharedW1:
-        SwigluEpilogue<NT>(p, red, op.rows, tile, Is, nullptr,
-                           p.hs_q + static_cast<int64_t>(block) * BM * Is,
-                           p.hs_s + static_cast<int64_t>(block) * BM * (Is / 32));
+        SwigluEpilogue<kWarps>(p, red_at, op.rows, tile, Is, nullptr,
+                               p.hs_q + static_cast<int64_t>(block) * BM * Is,
+                               p.hs_s + static_cast<int64_t>(block) * BM * (Is / 32));
         break;
       case kRoutedW1:
-        SwigluEpilogue<NT>(p, red, op.rows, tile, I, p.meta + static_cast<int64_t>(block) * BM,
-                           p.h_q + static_cast<int64_t>(block) * BM * I,
-                           p.h_s + static_cast<int64_t>(block) * BM * (I / 32));
+        SwigluEpilogue<kWarps>(p, red_at, op.rows, tile, I,
+                               p.meta + static_cast<int64_t>(block) * BM,
+                               p.h_q + static_cast<int64_t>(block) * BM * I,
+                               p.h_s + static_cast<int64_t>(block) * BM * (I / 32));
         break;
       case kSharedW2:
-        ScatterEpilogue<NT>(p, red, op.rows, tile, nullptr, block * BM);
+        ScatterEpilogue<kWarps>(p, red_at, op.rows, tile, nullptr, block * BM);
         break;
       case kRoutedW2:
-        ScatterEpilogue<NT>(p, red, op.rows, tile, p.meta + static_cast<int64_t>(block) * BM, 0);
+        ScatterEpilogue<kWarps>(p, red_at, op.rows, tile, p.meta + static_cast<int64_t>(block) * BM,
+                                0);
         break;
     }
     __syncthreads();  // every store of the task issued; red may be overwritten
@@ -478,7 +427,7 @@ cudaError_t Role2BlocksPerSm(int block_rows, int* blocks_per_sm) {
   }
 }
 
-cudaError_t LaunchGroupedGemmRole2(const LayerParams& params, int grid, cudaStream_t stream) {
+cudaError_t LaunchMmaSyncGemmRole2(const LayerParams& params, int grid, cudaStream_t stream) {
   const size_t smem = GemmSmemBytes(params.bm / 8);
   switch (params.bm) {
     case 8:

@@ -29,9 +29,39 @@ int BlockSizeIndex(int bm) {
   return -1;
 }
 
+const char* GemmKernelName(GemmKernel kernel) {
+  switch (kernel) {
+    case GemmKernel::kMmaSync:
+      return "mma";
+    case GemmKernel::kStreamMma:
+      return "stream";
+    case GemmKernel::kStreamWgmma:
+      return "wgmma";
+  }
+  return "unknown";
+}
+
+cudaError_t Role2ShapeFor(GemmKernel kernel, const LayerDims& dims, int block_rows,
+                          Role2Shape* shape) {
+  if (kernel != GemmKernel::kMmaSync) {
+    return StreamGemmShape(dims, block_rows, kernel == GemmKernel::kStreamWgmma, shape);
+  }
+  shape->threads = kRoleThreads;
+  shape->stages = 0;
+  shape->smem_bytes = Role2SmemBytes(block_rows);
+  return Role2BlocksPerSm(block_rows, &shape->blocks_per_sm);
+}
+
+cudaError_t LaunchGroupedGemmRole2(GemmKernel kernel, const LayerParams& params,
+                                   const Role2Shape& shape, int grid, cudaStream_t stream) {
+  if (kernel == GemmKernel::kMmaSync) return LaunchMmaSyncGemmRole2(params, grid, stream);
+  return LaunchStreamGemmRole2(params, kernel == GemmKernel::kStreamWgmma, shape, grid, stream);
+}
+
 cudaError_t LoadLayerKernels(const LayerDims& dims) {
   cudaError_t err = LoadDispatchRole1Kernel(dims);
   if (err == cudaSuccess) err = LoadGroupedGemmKernels();
+  if (err == cudaSuccess) err = LoadStreamGemmKernels();
   if (err == cudaSuccess) err = LoadFinalizeRole3Kernel();
   return err;
 }
@@ -76,8 +106,10 @@ cudaError_t LayerGraph::Create(const LayerGraphOptions& options, std::unique_ptr
   graph->role3_grid_ = graph->pair_->compute_sms;
   for (int i = 0; i < kNumBlockSizes; ++i) {
     const int bm = kBlockSizes[i];
-    int per_sm = 0;
-    if ((err = Role2BlocksPerSm(bm, &per_sm)) != cudaSuccess || per_sm < 1) {
+    Role2Shape& shape = graph->role2_shape_[i];
+    err = Role2ShapeFor(options.gemm, d, bm, &shape);
+    const int per_sm = shape.blocks_per_sm;
+    if (err != cudaSuccess || per_sm < 1) {
       *error = "the grouped GEMM for BM " + std::to_string(bm) + " does not fit on an SM";
       return err != cudaSuccess ? err : cudaErrorInvalidConfiguration;
     }
@@ -145,15 +177,16 @@ cudaError_t LayerGraph::Allocate() {
   alloc(&topk_ids_, cap * k * 4);
   alloc(&topk_weights_, cap * k * 4);
   alloc(&x_q_, cap_rows * H);
-  alloc(&x_s_, cap_rows * H / 32);
+  // Scale rows are read in aligned 16-byte windows (the streaming role2): 16 bytes of slack.
+  alloc(&x_s_, cap_rows * H / 32 + 16);
   alloc(&recv_, static_cast<int64_t>(max_recv_rows_) * sizeof(RowMeta));
   alloc(&ring_, static_cast<int64_t>(ring_rows_) * H);
-  alloc(&ring_scales_, static_cast<int64_t>(ring_rows_) * H / 32);
+  alloc(&ring_scales_, static_cast<int64_t>(ring_rows_) * H / 32 + 16);
   alloc(&meta_, static_cast<int64_t>(rows_all_) * sizeof(RowMeta));
   alloc(&h_q_, static_cast<int64_t>(rows_all_) * I);
-  alloc(&h_s_, static_cast<int64_t>(rows_all_) * I / 32);
+  alloc(&h_s_, static_cast<int64_t>(rows_all_) * I / 32 + 16);
   alloc(&hs_q_, cap_rows * Is);
-  alloc(&hs_s_, cap_rows * Is / 32);
+  alloc(&hs_s_, cap_rows * Is / 32 + 16);
   alloc(&combine_, cap * (k + 1) * H * 2);
   alloc(&out_, cap * H * 4);
   alloc(&sig_, sizeof(Signals));
@@ -193,6 +226,7 @@ LayerParams LayerGraph::Params(int bm_index) const {
   p.sequential = sequential_ ? 1 : 0;
   p.timeout_ns = options_.timeout_ns;
   p.role1_grid = role1_grid_;
+  p.r2_stages = role2_shape_[bm_index].stages;
   p.header = header_;
   p.blocks = blocks_;
   p.routes = routes_;
@@ -233,14 +267,18 @@ cudaError_t LayerGraph::Capture(int bm_index) {
   cudaError_t launch = cudaSuccess;
   if (sequential_) {
     launch = LaunchDispatchRole1(params, role1_grid_, compute);
-    if (launch == cudaSuccess) launch = LaunchGroupedGemmRole2(params, role2_grid(bm), compute);
+    if (launch == cudaSuccess)
+      launch = LaunchGroupedGemmRole2(options_.gemm, params, role2_shape_[bm_index], role2_grid(bm),
+                                      compute);
   } else {
     // Fork: the dispatch stream joins the capture with no dependency, so role1 and role2 are
     // both roots of the graph.
     launch = cudaEventRecord(fork_, compute);
     if (launch == cudaSuccess) launch = cudaStreamWaitEvent(dispatch, fork_, 0);
     if (launch == cudaSuccess) launch = LaunchDispatchRole1(params, role1_grid_, dispatch);
-    if (launch == cudaSuccess) launch = LaunchGroupedGemmRole2(params, role2_grid(bm), compute);
+    if (launch == cudaSuccess)
+      launch = LaunchGroupedGemmRole2(options_.gemm, params, role2_shape_[bm_index], role2_grid(bm),
+                                      compute);
     if (launch == cudaSuccess) launch = cudaEventRecord(join_, dispatch);
     if (launch == cudaSuccess) launch = cudaStreamWaitEvent(compute, join_, 0);
   }

@@ -23,9 +23,13 @@
 #include <cuda_runtime.h>
 
 #include "kernels/green_context.h"
+#include "kernels/layer_roles.h"
 #include "kernels/layer_types.h"
 
 namespace gcmoe::kernels {
+
+// Index of a block size in kBlockSizes, or -1.
+int BlockSizeIndex(int bm);
 
 struct LayerGraphOptions {
   LayerDims dims;
@@ -38,7 +42,8 @@ struct LayerGraphOptions {
   // ever spins on a kernel that has not run, which tools that serialize kernels need.
   bool sequential = false;
   uint64_t timeout_ns = 5'000'000'000ull;
-  bool record_sm_ids = false;  // role1/role2 CTAs log their SM (tests)
+  bool record_sm_ids = false;                // role1/role2 CTAs log their SM (tests)
+  GemmKernel gemm = GemmKernel::kStreamMma;  // role2's kernel (layer_roles.h)
 };
 
 class LayerGraph {
@@ -60,6 +65,8 @@ class LayerGraph {
   int role1_grid() const { return role1_grid_; }
   int role2_grid(int bm) const;
   int role3_grid() const { return role3_grid_; }
+  GemmKernel gemm_kernel() const { return options_.gemm; }
+  const Role2Shape& role2_shape(int bm) const { return role2_shape_[BlockSizeIndex(bm)]; }
 
   // Device buffers the host fills before a replay (on stream()).
   StepHeader* header() const { return header_; }
@@ -99,6 +106,7 @@ class LayerGraph {
   int ring_rows_ = 0;  // rows of the ring (max over BM of ring blocks * BM)
   int role1_grid_ = 0;
   int role2_grid_[kNumBlockSizes] = {};
+  Role2Shape role2_shape_[kNumBlockSizes] = {};
   int role3_grid_ = 0;
   std::vector<void*> allocations_;
 
@@ -135,8 +143,5 @@ class LayerGraph {
   cudaEvent_t fork_ = nullptr;
   cudaEvent_t join_ = nullptr;
 };
-
-// Index of a block size in kBlockSizes, or -1.
-int BlockSizeIndex(int bm);
 
 }  // namespace gcmoe::kernels

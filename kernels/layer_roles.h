@@ -16,21 +16,48 @@ namespace gcmoe::kernels {
 cudaError_t LoadLayerKernels(const LayerDims& dims);
 // The per-file parts of LoadLayerKernels.
 cudaError_t LoadDispatchRole1Kernel(const LayerDims& dims);
-cudaError_t LoadGroupedGemmKernels();
+cudaError_t LoadGroupedGemmKernels();  // the mma.sync stepping stone
+cudaError_t LoadStreamGemmKernels();   // the warp-specialized kernels
 cudaError_t LoadFinalizeRole3Kernel();
 
-// Dynamic shared memory of each role.
+// Dynamic shared memory of role1.
 size_t Role1SmemBytes(const LayerDims& dims);
-size_t Role2SmemBytes(int block_rows);
 
-// Resident role2 CTAs per SM for a block size (from the occupancy calculator).
+// Which role2 kernel a layer graph runs.
+enum class GemmKernel : int {
+  kMmaSync = 0,    // stepping stone: 8 warps, per-warp cp.async rings, mma.sync
+  kStreamMma = 1,  // warp-specialized bulk-copy pipeline, mma.sync consumers (the default)
+  // The same pipeline with register-A wgmma m64nNk32 E4M3: faster, but the FP8 tensor core
+  // sums each K32 block's products at reduced precision, and after the E4M3 requantization of
+  // h two GPU tests exceed calc_diff 1e-4 (docs/PERFORMANCE.md); opt-in until that is fixed.
+  kStreamWgmma = 2,
+};
+const char* GemmKernelName(GemmKernel kernel);
+
+// Launch shape of role2 for one block size.
+struct Role2Shape {
+  int threads = 0;
+  int stages = 0;  // streaming kernels: shared-memory stages (LayerParams::r2_stages)
+  size_t smem_bytes = 0;
+  int blocks_per_sm = 0;  // resident CTAs per SM (occupancy calculator)
+};
+cudaError_t Role2ShapeFor(GemmKernel kernel, const LayerDims& dims, int block_rows,
+                          Role2Shape* shape);
+
+// The per-kernel parts of Role2ShapeFor and LaunchGroupedGemmRole2.
+size_t Role2SmemBytes(int block_rows);
 cudaError_t Role2BlocksPerSm(int block_rows, int* blocks_per_sm);
+cudaError_t LaunchMmaSyncGemmRole2(const LayerParams& params, int grid, cudaStream_t stream);
+cudaError_t StreamGemmShape(const LayerDims& dims, int block_rows, bool wgmma, Role2Shape* shape);
+cudaError_t LaunchStreamGemmRole2(const LayerParams& params, bool wgmma, const Role2Shape& shape,
+                                  int grid, cudaStream_t stream);
 
 // role1: quantize this rank's tokens, route every assignment into its computing rank's receive
 // index, barrier (grid, then cross-rank tag 1), pull ring blocks and release their full counters.
 cudaError_t LaunchDispatchRole1(const LayerParams& params, int grid, cudaStream_t stream);
 // role2: the grouped GEMM task stream (shared W1, routed W1, shared W2, routed W2).
-cudaError_t LaunchGroupedGemmRole2(const LayerParams& params, int grid, cudaStream_t stream);
+cudaError_t LaunchGroupedGemmRole2(GemmKernel kernel, const LayerParams& params,
+                                   const Role2Shape& shape, int grid, cudaStream_t stream);
 // role3: combine readiness, slot-order reduction into the output, signal reset, parity flip.
 cudaError_t LaunchFinalizeRole3(const LayerParams& params, int grid, cudaStream_t stream);
 

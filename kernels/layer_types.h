@@ -133,6 +133,7 @@ enum WaitWhat : int32_t {
   kWaitW1Done = 6,        // role2 W2 task waits for its block's W1 tiles
   kWaitSharedW1Done = 7,  // role2 shared W2 task waits for the shared W1 tiles
   kWaitCombine = 8,       // role3 waits for every rank's partials
+  kWaitPipeline = 9,      // role2's shared-memory pipeline (index: barrier; seen: thread)
 };
 
 // Names a wait for diagnostics (device printf and the host's error message).
@@ -154,6 +155,8 @@ inline GCMOE_HOST_DEVICE const char* WaitWhatName(int what) {
       return "the shared W1 tiles of block";
     case kWaitCombine:
       return "every rank's partials (combine readiness)";
+    case kWaitPipeline:
+      return "role2's shared-memory pipeline barrier";
     default:
       return "an unknown signal";
   }
@@ -168,7 +171,7 @@ struct LayerParams {
   int32_t sequential = 0;   // 1: roles run one after the other (no spin can block)
   uint64_t timeout_ns = 0;  // every device wait gives up (and traps) after this long
   int32_t role1_grid = 0;   // role1's CTAs (role2's SM log entries follow role1's)
-  int32_t pad0 = 0;
+  int32_t r2_stages = 0;    // shared-memory stages of the streaming role2 (0: stepping stone)
 
   const StepHeader* header;
   const RingBlock* blocks;    // [max_blocks]

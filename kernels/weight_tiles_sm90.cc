@@ -5,26 +5,31 @@
 namespace gcmoe::kernels {
 namespace {
 
-// One stripe: 16 source rows (their code and scale rows) over the whole contraction.
+// One stripe: 16 source rows (their code and scale rows) over the whole contraction; its chunk
+// c goes to dst + c * 4 chunks (the tile interleaves the four stripes chunk by chunk).
 void PackStripe(TileFormat format, const uint8_t* const* code_rows,
                 const uint8_t* const* scale_rows, int k, uint8_t* dst) {
   const int payload = ChunkPayloadBytes(format);
   for (int c = 0; c < k / 128; ++c) {
-    uint8_t* chunk = dst + static_cast<int64_t>(c) * ChunkBytes(format);
+    uint8_t* chunk = dst + static_cast<int64_t>(c) * 4 * ChunkBytes(format);
     for (int lane = 0; lane < 32; ++lane) {
       const int g = lane >> 2;
       const int t = lane & 3;
       for (int kb = 0; kb < 4; ++kb) {
-        const int k0 = c * 128 + kb * 32 + 8 * t;  // first of the lane's 8 positions
+        // The lane's two runs of 4 logical positions (registers a0/a1, then a2/a3).
+        const int lo = c * 128 + kb * 32 + 4 * t;
+        const int hi = lo + 16;
         for (int half = 0; half < 2; ++half) {
           const uint8_t* row = code_rows[g + 8 * half];
           if (format == TileFormat::kE2M1) {
-            // piece kb/2, then (kb%2, half) pairs of 4 bytes: 8 nibbles starting at k0.
+            // piece kb/2, then (kb%2, half) words of 4 bytes: 2 bytes (4 nibbles) per run.
             uint8_t* out = chunk + (kb / 2) * 512 + lane * 16 + (kb % 2) * 8 + half * 4;
-            std::memcpy(out, row + k0 / 2, 4);
+            std::memcpy(out, row + lo / 2, 2);
+            std::memcpy(out + 2, row + hi / 2, 2);
           } else {
             uint8_t* out = chunk + kb * 512 + lane * 16 + half * 8;
-            std::memcpy(out, row + k0, 8);
+            std::memcpy(out, row + lo, 4);
+            std::memcpy(out + 4, row + hi, 4);
           }
         }
       }
@@ -56,7 +61,8 @@ void PackTiles(TileFormat format, const uint8_t* codes, const uint8_t* scales, i
         scale_rows[r] = scales + row * scale_row_bytes;
       }
       PackStripe(format, code_rows, scale_rows, k,
-                 dst + (static_cast<int64_t>(tile) * 4 + stripe) * StripeBytes(format, k));
+                 dst + static_cast<int64_t>(tile) * TileBytes(format, k) +
+                     static_cast<int64_t>(stripe) * ChunkBytes(format));
     }
   }
 }

@@ -2,18 +2,22 @@
 // (grouped_gemm_fp8_fp4_sm90.cu). Host code only: it rearranges already-quantized codes and
 // scales and never changes a value.
 //
-// A tile is 64 weight rows by the whole contraction K: four stripes of 16 rows (one mma m16
-// tile each). A stripe is K/128 chunks; a chunk holds 16 rows x 128 K in the exact register
-// order of mma.m16n8k32: lane l = 4g + t owns, for each 32-wide scale block kb, the 8
-// contraction positions kb*32 + 8t .. kb*32 + 8t + 7 of rows g and g + 8. (The MMA's logical
-// k slots 4t..4t+3 and 16+4t..16+4t+3 take physical positions 8t..8t+7; the activation
-// fragment uses the same map, so every product pairs the right elements.)
+// A tile is 64 weight rows by the whole contraction K: four stripes of 16 rows (one m16 slice
+// each: an mma.m16n8k32 A tile, or warp w's rows of a wgmma m64nNk32 A fragment, which has the
+// same per-warp register layout), K/128 chunks each, stored chunk-major: chunk c of stripes
+// 0..3, then chunk c + 1, ... So the K128 step of the whole tile (4 chunks, 4352 bytes E2M1)
+// is one contiguous burst and a tile streams front to back. A chunk holds 16 rows x 128 K in
+// register order: lane l = 4g + t owns, for each 32-wide scale block kb, the logical
+// contraction positions kb*32 + 4t .. 4t+3 (register a0/a1) and kb*32 + 16 + 4t .. 4t+3
+// (a2/a3) of rows g and g + 8. Positions are the source's own (logical) order, so the
+// activation operand needs no permutation: a K-major activation row in shared memory is what
+// wgmma's B descriptor reads, and the mma.sync B fragment loads 4 bytes at 4t and 16 + 4t.
 //
 // Chunk in memory, E2M1 (1024 + 64 bytes):
 //   [piece p = 0,1][lane 0..31][16 bytes: kb=2p row g, kb=2p row g+8, kb=2p+1 row g, row g+8]
-//   (4 bytes each = 8 packed nibbles, element order as stored in the source rows)
+//   (4 bytes each = 8 nibbles: 4 for positions 4t.., then 4 for 16+4t..)
 // Chunk in memory, E4M3 (2048 + 64 bytes):
-//   [piece kb = 0..3][lane 0..31][16 bytes: row g (8 codes), row g + 8 (8 codes)]
+//   [piece kb = 0..3][lane 0..31][16 bytes: row g (4 codes at 4t.., 4 at 16+4t..), row g + 8]
 // Both end with the scales: [g 0..7][kb 0..3][row g, row g + 8] (64 bytes).
 // Pieces of 512 bytes make every lane's 16-byte copy coalesced across the warp and every
 // shared-memory read conflict-free.
@@ -35,11 +39,9 @@ GCMOE_HOST_DEVICE constexpr int ChunkPayloadBytes(TileFormat format) {
 GCMOE_HOST_DEVICE constexpr int ChunkBytes(TileFormat format) {
   return ChunkPayloadBytes(format) + kChunkScaleBytes;
 }
-GCMOE_HOST_DEVICE constexpr int64_t StripeBytes(TileFormat format, int k) {
-  return static_cast<int64_t>(k / 128) * ChunkBytes(format);
-}
+// Chunk c of stripe w starts at (c * 4 + w) * ChunkBytes(format) in its tile.
 GCMOE_HOST_DEVICE constexpr int64_t TileBytes(TileFormat format, int k) {
-  return 4 * StripeBytes(format, k);
+  return static_cast<int64_t>(k / 128) * 4 * ChunkBytes(format);
 }
 
 // A gated W1 [2I, K] (rows 0..I-1 gate, I..2I-1 up) becomes I/32 tiles; tile j holds gate rows

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -97,6 +98,9 @@ int RunBenchLayer(int argc, char** argv) {
   int warmup = 20;
   int replays = 200;
   int seed = 1;
+  std::string gemm;
+  int dispatch_sms = -1;
+  int force_bm = 0;
   Flags flags("gcmoe bench layer",
               "Times one rank's MoE layer on the GPU (CUDA graph replays) against its memory "
               "floor.");
@@ -110,6 +114,13 @@ int RunBenchLayer(int argc, char** argv) {
   flags.Int("replays", &replays, "timed replays per token count (the median is reported)");
   flags.Int("seed", &seed, "seed of the routing, activations and random weights");
   flags.String("json", &json_path, "also write the results as JSON (for bench/torch_peer.py)");
+  flags.String("gemm", &gemm,
+               "role2 kernel: stream (default), wgmma (same pipeline, register-A wgmma) or mma "
+               "(stepping stone); sets GCMOE_CUDA_GEMM");
+  flags.Int("dispatch-sms", &dispatch_sms,
+            "SMs requested for the dispatch partition (-1 = the config's; 0 = one context, "
+            "dispatch then GEMM: overlap off)");
+  flags.Int("bm", &force_bm, "pin the GEMM block size (8, 16, 32, 64; 0 = the heuristic)");
   if (const int rc = flags.ParseOrExit(argc, argv, 1); rc >= 0) return rc;
   if (config_path.empty()) {
     std::fprintf(stderr, "gcmoe bench layer: --config is required\n");
@@ -145,11 +156,13 @@ int RunBenchLayer(int argc, char** argv) {
   options.model = spec;
   options.max_tokens_per_rank = std::max(max_tokens, config->engine.max_tokens_per_rank);
   options.device = config->parallel.devices.empty() ? 0 : config->parallel.devices[0];
-  options.dispatch_sms = config->engine.dispatch_sms;
+  options.dispatch_sms = dispatch_sms >= 0 ? dispatch_sms : config->engine.dispatch_sms;
+  if (!gemm.empty()) setenv("GCMOE_CUDA_GEMM", gemm.c_str(), 1);
   options.instance = "bench";
   auto backend = engine::CudaBackend::Create(options);
   if (!backend.ok()) return fail("creating the CUDA backend", backend.status());
   engine::CudaBackend& gpu = **backend;
+  if (Status s = gpu.ForceBlockRows(force_bm); !s.ok()) return fail("--bm", s);
   const auto& parts = gpu.partitions();
   std::fprintf(stderr, "device %d: %d SMs = %d compute + %d dispatch (%s)\n", options.device,
                parts.total_sms, parts.compute_sms, parts.dispatch_sms,
@@ -266,9 +279,20 @@ int RunBenchLayer(int argc, char** argv) {
   std::printf("gcmoe bench layer: %s (H %d, I %d, %d local experts, top-%d, shared I %d)\n",
               config_path.c_str(), H, spec.intermediate, E, k, spec.shared_intermediate);
   std::printf(
-      "GPU split %d compute + %d dispatch SMs; copy bandwidth %.0f GB/s (read + write); "
+      "GPU split %d compute + %d dispatch SMs (%s); copy bandwidth %.0f GB/s (read + write); "
       "%d warm-up + %d timed replays per row\n",
-      parts.compute_sms, parts.dispatch_sms, *bandwidth / 1e9, warmup, replays);
+      parts.compute_sms, parts.dispatch_sms,
+      parts.green ? "green contexts, overlapped" : "one context, roles in sequence",
+      *bandwidth / 1e9, warmup, replays);
+  std::printf("role2 %s:", kernels::GemmKernelName(gpu.gemm_kernel()));
+  for (int bm : kernels::kBlockSizes) {
+    const kernels::Role2Shape& shape = gpu.role2_shape(bm);
+    std::printf(" BM %d: %d CTAs (%d/SM) x %d threads, %zu B smem%s%s;", bm, gpu.role2_grid(bm),
+                shape.blocks_per_sm, shape.threads, shape.smem_bytes,
+                shape.stages > 0 ? ", stages " : "",
+                shape.stages > 0 ? std::to_string(shape.stages).c_str() : "");
+  }
+  std::printf("\n");
   std::printf("%6s %4s %7s %6s %10s %10s %10s %10s %8s %8s %8s\n", "T/rank", "BM", "assign",
               "active", "median_us", "p10_us", "p90_us", "floor_us", "floor%", "TFLOPS", "GB/s");
   for (const Row& r : rows) {
@@ -281,7 +305,10 @@ int RunBenchLayer(int argc, char** argv) {
     json << "{\"config\": \"" << config_path << "\", \"hidden\": " << H
          << ", \"intermediate\": " << spec.intermediate << ", \"experts\": " << E
          << ", \"top_k\": " << k << ", \"shared_intermediate\": " << spec.shared_intermediate
-         << ", \"copy_bandwidth_Bps\": " << *bandwidth << ", \"rows\": [";
+         << ", \"copy_bandwidth_Bps\": " << *bandwidth << ", \"gemm\": \""
+         << kernels::GemmKernelName(gpu.gemm_kernel())
+         << "\", \"compute_sms\": " << parts.compute_sms
+         << ", \"dispatch_sms\": " << parts.dispatch_sms << ", \"rows\": [";
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       json << (i ? ", " : "") << "{\"tokens\": " << r.tokens << ", \"bm\": " << r.block_rows

@@ -82,6 +82,30 @@ TEST_F(CudaBackendTest, RoutingPatternsMatchCpu) {
   }
 }
 
+// Every role2 kernel (GCMOE_CUDA_GEMM) at every block size, so every MMA width of the
+// streaming kernels' valid-M sizing (8..64) and both weight formats run; K = 128 and 256 give
+// one- and two-chunk tasks, so the stage ring wraps inside and across tasks.
+TEST_F(CudaBackendTest, EveryGemmKernelAtEveryBlockSizeMatchesCpu) {
+  for (const char* gemm : {"wgmma", "stream", "mma"}) {
+    for (bool shared : {false, true}) {
+      const engine::ModelSpec spec = SmallModel(shared);
+      server::RandomCodeWeightSource weights(spec, 13);
+      auto pair = BackendPair::Create(spec, 64, weights, {std::string("GCMOE_CUDA_GEMM=") + gemm});
+      ASSERT_NE(pair, nullptr) << gemm;
+      std::mt19937_64 rng(7);
+      for (int bm : {8, 16, 32, 64}) {
+        ASSERT_TRUE(pair->cuda()->ForceBlockRows(bm).ok());
+        for (int tokens : {1, 7, 33, 64}) {
+          const StepInputs in = MakeInputs(spec, tokens, DType::kBF16, Routing::kUniform, &rng);
+          ExpectMatch(pair.get(), in, ++generation_,
+                      std::string(gemm) + " shared " + std::to_string(shared) + " BM " +
+                          std::to_string(bm) + " T " + std::to_string(tokens));
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, RequestAndOutputDtypesMatchCpu) {
   const engine::ModelSpec spec = SmallModel(true);
   server::RandomCodeWeightSource weights(spec, 12);

@@ -47,17 +47,18 @@ void CheckTiles(TileFormat format, bool gated, int rows_or_inter, int k) {
   for (int tile = 0; tile < num_tiles; ++tile) {
     for (int stripe = 0; stripe < 4; ++stripe) {
       for (int c = 0; c < k / 128; ++c) {
-        const uint8_t* chunk = tiles.data() + tile * TileBytes(format, k) +
-                               stripe * StripeBytes(format, k) + c * ChunkBytes(format);
+        const uint8_t* chunk =
+            tiles.data() + tile * TileBytes(format, k) + (c * 4 + stripe) * ChunkBytes(format);
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4;
           const int t = lane % 4;
           for (int kb = 0; kb < 4; ++kb) {
             for (int half = 0; half < 2; ++half) {
               const int row = SourceRow(gated, rows_or_inter, tile, stripe, g + 8 * half);
-              // What the kernel reads (grouped_gemm_fp8_fp4_sm90.cu, TileMainloop).
+              // What the kernels read: element i of the lane's 8 is logical position 4t + i
+              // (i < 4) or 16 + 4t + i - 4 (the a0/a1 and a2/a3 registers).
               for (int i = 0; i < 8; ++i) {
-                const int pos = c * 128 + kb * 32 + 8 * t + i;
+                const int pos = c * 128 + kb * 32 + (i < 4 ? 4 * t + i : 16 + 4 * t + i - 4);
                 uint8_t got, want;
                 if (format == TileFormat::kE2M1) {
                   const uint8_t* word =

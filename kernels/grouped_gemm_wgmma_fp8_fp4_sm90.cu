@@ -1,0 +1,657 @@
+// role2 on Hopper: the grouped GEMM of a GC-MoE layer (DESIGN.md §4 steps 2-4, §6; the paper's
+// sm90 path, §4.4), warp-specialized so that weight streaming never waits on arithmetic.
+//
+// A task is one 64-row weight tile (weight_tiles_sm90.h) against one block of tokens, as in the
+// stepping stone (grouped_gemm_fp8_fp4_sm90.cu): shared W1, routed W1, shared W2, routed W2,
+// claimed in that order from one cursor, so a W2 task is claimed only after every W1 task of
+// its block was claimed by a running CTA and its wait cannot deadlock.
+//
+// CTA = one consumer warpgroup (warps 0-3) + one producer warp (warp 4).
+//   producer: claims a task, waits for what it reads (ring block full / W1 tiles done; the
+//     weights depend on nothing), publishes a task descriptor, then streams the task's K128
+//     steps into a ring of shared-memory stages: the tile's four stripe chunks as one bulk copy
+//     (one contiguous burst, evict-first in L2) completing on the stage's `full` barrier, and
+//     the block's activations (E4M3, n rows x 128) plus the 16-byte window of each row's UE8M0
+//     scales through cp.async (L2 only), released on the same barrier kLagStages stages later.
+//     The ring spans task boundaries, so the next task's weights stream during this epilogue.
+//   consumers: per stage, two 16-byte shared loads per lane (E2M1) give the A fragments of the
+//     four K32 scale blocks; FP4 is decoded to E4M3 in registers (byte permutes), then one of
+//       kWgmma = true:  wgmma m64nNk32 E4M3 (A from registers, B = activations by descriptor)
+//                       into a fresh FP32 tile per K32, folded in while the next K32 runs;
+//       kWgmma = false: mma.sync m16n8k32 E4M3 per warp from the same shared-memory B (the
+//                       default: FP8 wgmma sums a K32 block at reduced precision, layer_roles.h)
+//     and the per-32 weight and activation scales are applied by FMA into the accumulator.
+//     Then the fused epilogue (SwiGLU + routing weight + E4M3 requantization, or the BF16
+//     scatter to the combine buffer).
+//   valid-M sizing: the MMA width n is the smallest of 8, 16, 32, 64 covering the block's rows,
+//     so a partially filled block streams and multiplies fewer token columns.
+//
+// Pipeline invariants (stage s, use u = stage_iter / stages, parity u & 1):
+//   full[s]  count 33: the producer lane 0's arrive.expect_tx (A bytes) + one arrival per
+//            producer lane once its cp.async of the stage landed and it executed
+//            fence.proxy.async (B is written through the generic proxy, read by wgmma through
+//            the async proxy). At most kLagStages stages wait for that release, and
+//            kLagStages < stages, so the producer's empty wait never waits on itself; before
+//            any other blocking wait it releases everything.
+//   empty[s] count 128: every consumer thread, after its wgmma reading the stage completed
+//            (wait_group 0) and its own A loads; the producer waits on it before refilling.
+//   desc_full/desc_empty (2 slots): the task descriptor, published before its stages.
+#include <cstdint>
+
+#include "kernels/device_common.cuh"
+#include "kernels/gemm_epilogue_sm90.cuh"
+#include "kernels/layer_roles.h"
+#include "kernels/sm90_async.cuh"
+#include "kernels/weight_tiles_sm90.h"
+
+namespace gcmoe::kernels {
+namespace {
+
+constexpr int kConsumerThreads = 128;
+constexpr int kStreamThreads = kConsumerThreads + 32;
+constexpr int kMaxStages = 16;
+constexpr int kDescSlots = 2;
+constexpr uint32_t kConsumerBarrierId = 1;
+constexpr uint32_t kFullArrivals = 33;
+// Stages whose activation cp.async may still be in flight before the producer releases them
+// (each release waits for its own cp.async, fences, then arrives): keeps B loads pipelined.
+constexpr int kLagStages = 2;
+
+// Resident CTAs per SM each block size is built for (registers and shared memory follow).
+__host__ __device__ constexpr int TargetCtasPerSm(int bm) {
+  return bm <= 16 ? 4 : (bm == 32 ? 3 : 2);
+}
+// A stage: the tile's four stripe chunks (room for E4M3 when the layer has a shared expert),
+// then B [8 K16 units][bm rows][16 bytes], then the scale windows [bm rows][16 bytes].
+__host__ __device__ constexpr int ARegionBytes(bool has_shared) {
+  return 4 * ChunkBytes(has_shared ? TileFormat::kE4M3 : TileFormat::kE2M1);
+}
+__host__ __device__ constexpr int StageBytes(int bm, bool has_shared) {
+  return ARegionBytes(has_shared) + bm * kChunkK + bm * 16;
+}
+__host__ __device__ constexpr int RedPitch(int bm) { return bm + 1; }
+__host__ __device__ constexpr int RedBytes(int bm) { return kTileRows * RedPitch(bm) * 4; }
+
+enum TaskKind { kSharedW1 = 0, kRoutedW1 = 1, kSharedW2 = 2, kRoutedW2 = 3 };
+
+struct TaskDesc {
+  int32_t kind;  // TaskKind, or -1: no further task
+  int32_t block;
+  int32_t tile;
+  int32_t rows;       // valid tokens, 1..BM
+  int32_t n;          // MMA width (valid-M sizing)
+  int32_t k;          // contraction
+  int32_t scale_mod;  // the activation scales' address mod 16 (the windows are 16-aligned)
+  int32_t pad;
+};
+
+struct Barriers {
+  uint64_t full[kMaxStages];
+  uint64_t empty[kMaxStages];
+  uint64_t desc_full[kDescSlots];
+  uint64_t desc_empty[kDescSlots];
+  TaskDesc desc[kDescSlots];
+};
+
+__host__ __device__ constexpr size_t StreamSmemBytes(int bm, bool has_shared, int stages) {
+  return static_cast<size_t>(stages) * StageBytes(bm, has_shared) + RedBytes(bm) + sizeof(Barriers);
+}
+
+// The smallest MMA width covering `rows` tokens, at most BM.
+__device__ __forceinline__ int MmaWidth(int rows, int bm) {
+  const int n = rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+  return n < bm ? n : bm;
+}
+
+// The mma.sync variant's MMA (GCMOE_CUDA_GEMM=stream): one warp's m16n8k32 of the same tile.
+__device__ __forceinline__ void MmaE4m3(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1, float& d0, float& d1, float& d2,
+                                        float& d3) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%10,%10,%10};"
+      : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// ---- producer ---------------------------------------------------------------------------------
+
+// WaitAtLeast (device_common.cuh) inlined and without printf: a call anywhere in a kernel that
+// issues wgmma makes ptxas serialize every wgmma (C7510). Same protocol: acquire polls with
+// backoff, abort check, and on timeout the host-mapped diagnostic and a trap.
+__device__ __forceinline__ bool WaitFlagInline(const WaitEnv& env, const uint32_t* flag,
+                                               uint32_t target, int what, int index) {
+  if (LdAcquireGpu(flag) >= target) return true;
+  const uint64_t start = GlobalTimerNs();
+  uint32_t sleep_ns = 32;
+  for (uint32_t spin = 1;; ++spin) {
+    __nanosleep(sleep_ns);
+    if (sleep_ns < 512) sleep_ns *= 2;
+    if (LdAcquireGpu(flag) >= target) return true;
+    if ((spin & 63) == 0) {
+      if (StepAborted(env)) return false;
+      if (GlobalTimerNs() - start > env.timeout_ns) {
+        TimeoutTrap(env, what, index, target, LdAcquireGpu(flag));
+      }
+    }
+  }
+}
+
+template <int BM>
+__device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
+                         Barriers& bars) {
+  const int lane = threadIdx.x & 31;
+  const StepHeader& hdr = *p.header;
+  const WaitEnv env = MakeWaitEnv(p, 2);
+  const int T = hdr.num_tokens;
+  const int H = p.dims.hidden;
+  const int I = p.dims.intermediate;
+  const int Is = p.dims.shared_intermediate;
+  const int n1 = I / 32;
+  const int n1s = Is / 32;
+  const int n2 = H / kTileRows;
+  const int64_t end_shared_w1 = static_cast<int64_t>(hdr.num_shared_blocks) * n1s;
+  const int64_t end_routed_w1 = end_shared_w1 + static_cast<int64_t>(hdr.num_blocks) * n1;
+  const int64_t end_shared_w2 = end_routed_w1 + static_cast<int64_t>(hdr.num_shared_blocks) * n2;
+  const int64_t total = end_shared_w2 + static_cast<int64_t>(hdr.num_blocks) * n2;
+  const int a_region = ARegionBytes(Is > 0);
+  const uint64_t policy = EvictFirstPolicy();
+  const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
+
+  uint32_t stage_iter = 0;
+  // Stages [released, stage_iter) have their bulk copies issued but this lane's cp.async not
+  // yet released: cp.async writes shared memory through the generic proxy and wgmma reads it
+  // through the async proxy, so the writing thread waits for its copies, executes
+  // fence.proxy.async, and only then arrives on the stage's full barrier.
+  uint32_t released = 0;
+  auto release_oldest = [&]() {
+    MbarArrive(SmemAddr(&bars.full[released % stages]));
+    ++released;
+  };
+  // Before anything that may block on the consumers or on other CTAs.
+  auto release_all = [&]() {
+    if (released == stage_iter) return;
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    FenceProxyAsyncShared();
+    while (released != stage_iter) release_oldest();
+  };
+  for (uint32_t desc_iter = 0;; ++desc_iter) {
+    int task = 0;
+    if (lane == 0) task = static_cast<int>(atomicAdd(&p.sig->task_next, 1u));
+    task = __shfl_sync(0xFFFFFFFFu, task, 0);
+    TaskDesc d{-1, 0, 0, 0, 0, 0, 0, 0};
+    const uint8_t* tile_ptr = nullptr;
+    const uint8_t* act = nullptr;
+    const uint8_t* act_scales = nullptr;
+    int chunk_bytes = 0;
+    if (task < total) {
+      int kind, block, tile;
+      if (task < end_shared_w1) {
+        kind = kSharedW1, block = static_cast<int>(task / n1s), tile = static_cast<int>(task % n1s);
+      } else if (task < end_routed_w1) {
+        const int64_t i = task - end_shared_w1;
+        kind = kRoutedW1, block = static_cast<int>(i / n1), tile = static_cast<int>(i % n1);
+      } else if (task < end_shared_w2) {
+        const int64_t i = task - end_routed_w1;
+        kind = kSharedW2, block = static_cast<int>(i / n2), tile = static_cast<int>(i % n2);
+      } else {
+        const int64_t i = task - end_shared_w2;
+        kind = kRoutedW2, block = static_cast<int>(i / n2), tile = static_cast<int>(i % n2);
+      }
+      const int slot = block % p.ring_blocks;
+      const uint32_t* flag;
+      uint32_t target;
+      int what;
+      switch (kind) {
+        case kSharedW1:
+          flag = &p.sig->x_ready, target = 1, what = kWaitXReady;
+          break;
+        case kRoutedW1:
+          flag = &p.ring_full[slot], target = static_cast<uint32_t>(block / p.ring_blocks) + 1,
+          what = kWaitRingFull;
+          break;
+        case kSharedW2:
+          flag = &p.w1s_done[block], target = static_cast<uint32_t>(n1s), what = kWaitSharedW1Done;
+          break;
+        default:
+          flag = &p.w1_done[block], target = static_cast<uint32_t>(n1), what = kWaitW1Done;
+          break;
+      }
+      int ok = lane == 0 && LdAcquireGpu(flag) >= target ? 1 : 0;
+      if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) {
+        release_all();  // the awaited W1 tiles may be this CTA's own
+        if (lane == 0) ok = WaitFlagInline(env, flag, target, what, block) ? 1 : 0;
+      }
+      ok = __shfl_sync(0xFFFFFFFFu, ok, 0);
+      if (ok) {
+        // Every lane's own acquire: the cp.async reads it issues below follow it. The consumers
+        // see the same writes through the descriptor barrier (release/acquire, CTA scope).
+        (void)LdAcquireGpu(flag);
+        const RingBlock blk =
+            kind == kRoutedW1 || kind == kRoutedW2 ? p.blocks[block] : RingBlock{};
+        const int shared_rows = min(BM, T - block * BM);
+        d.kind = kind, d.block = block, d.tile = tile;
+        switch (kind) {
+          case kSharedW1:
+            tile_ptr = hdr.ws1 + tile * TileBytes(TileFormat::kE4M3, H);
+            act = p.x_q + static_cast<int64_t>(block) * BM * H;
+            act_scales = p.x_s + static_cast<int64_t>(block) * BM * (H / 32);
+            d.k = H, d.rows = shared_rows;
+            break;
+          case kRoutedW1:
+            tile_ptr = hdr.w1 + (static_cast<int64_t>(blk.local_slot) * n1 + tile) *
+                                    TileBytes(TileFormat::kE2M1, H);
+            act = p.ring + static_cast<int64_t>(slot) * BM * H;
+            act_scales = p.ring_scales + static_cast<int64_t>(slot) * BM * (H / 32);
+            d.k = H, d.rows = blk.rows;
+            break;
+          case kSharedW2:
+            tile_ptr = hdr.ws2 + tile * TileBytes(TileFormat::kE4M3, Is);
+            act = p.hs_q + static_cast<int64_t>(block) * BM * Is;
+            act_scales = p.hs_s + static_cast<int64_t>(block) * BM * (Is / 32);
+            d.k = Is, d.rows = shared_rows;
+            break;
+          default:
+            tile_ptr = hdr.w2 + (static_cast<int64_t>(blk.local_slot) * n2 + tile) *
+                                    TileBytes(TileFormat::kE2M1, I);
+            act = p.h_q + static_cast<int64_t>(block) * BM * I;
+            act_scales = p.h_s + static_cast<int64_t>(block) * BM * (I / 32);
+            d.k = I, d.rows = blk.rows;
+            break;
+        }
+        d.n = MmaWidth(d.rows, BM);
+        d.scale_mod = static_cast<int32_t>(reinterpret_cast<uintptr_t>(act_scales) & 15);
+        chunk_bytes = ChunkBytes(kind == kRoutedW1 || kind == kRoutedW2 ? TileFormat::kE2M1
+                                                                        : TileFormat::kE4M3);
+      }
+    }
+    const int ds = desc_iter % kDescSlots;
+    const uint32_t desc_empty = SmemAddr(&bars.desc_empty[ds]);
+    const uint32_t desc_parity = ((desc_iter / kDescSlots) & 1) ^ 1;
+    if (!__shfl_sync(0xFFFFFFFFu, MbarTryWait(desc_empty, desc_parity) ? 1 : 0, 0)) {
+      release_all();  // the consumers may need those stages to finish the task before
+      MbarWait(desc_empty, desc_parity, mbar_timeout, env, 2 * kMaxStages + kDescSlots + ds);
+    }
+    if (lane == 0) {
+      bars.desc[ds] = d;
+      MbarArrive(SmemAddr(&bars.desc_full[ds]));
+    }
+    if (d.kind < 0) break;
+
+    const int chunks = d.k / kChunkK;
+    const int scale_row = d.k / 32;
+    for (int c = 0; c < chunks; ++c) {
+      const int s = static_cast<int>(stage_iter % stages);
+      MbarWait(SmemAddr(&bars.empty[s]), ((stage_iter / stages) & 1) ^ 1, mbar_timeout, env,
+               kMaxStages + s);
+      const uint32_t full = SmemAddr(&bars.full[s]);
+      const uint32_t st = SmemAddr(stage_base + static_cast<int64_t>(s) * stage_bytes);
+      if (lane == 0) {
+        // The four stripes' chunk c are adjacent in the tile: one contiguous burst.
+        MbarArriveExpectTx(full, static_cast<uint32_t>(4 * chunk_bytes));
+        BulkCopyG2S(st, tile_ptr + static_cast<int64_t>(c) * 4 * chunk_bytes,
+                    static_cast<uint32_t>(4 * chunk_bytes), full, policy);
+      }
+      // B [unit u][row n][16 bytes]: consecutive lanes read one row's 128 contiguous bytes.
+      const uint32_t b_st = st + a_region;
+      for (int i = lane; i < d.n * 8; i += 32) {
+        const int n = i >> 3;
+        const int u = i & 7;
+        CpAsyncCg16(b_st + u * (BM * 16) + n * 16,
+                    act + static_cast<int64_t>(n) * d.k + c * kChunkK + u * 16);
+      }
+      // Each row's 4 scale bytes of this chunk lie in one aligned 16-byte window.
+      const uint32_t s_st = b_st + BM * kChunkK;
+      for (int n = lane; n < d.n; n += 32) {
+        const uintptr_t a =
+            reinterpret_cast<uintptr_t>(act_scales) + static_cast<uintptr_t>(n) * scale_row + c * 4;
+        CpAsyncCg16(s_st + n * 16, reinterpret_cast<const void*>(a & ~static_cast<uintptr_t>(15)));
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+      ++stage_iter;
+      if (stage_iter - released > kLagStages) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(kLagStages) : "memory");
+        FenceProxyAsyncShared();
+        release_oldest();
+      }
+    }
+  }
+  release_all();
+}
+
+// ---- consumers --------------------------------------------------------------------------------
+
+// acc[4j..4j+3] += tile (this warp's rows g, g+8; tokens 8j+2t, 8j+2t+1) of scale block kb,
+// times the weight and activation block scales. Products of powers of two are exact, so this
+// is the sum of exactly scaled products, in another order than the CPU's.
+template <int N, int BM>
+__device__ __forceinline__ void FoldScaled(float (&acc)[BM / 2], const float* tile, uint2 sw,
+                                           const uint32_t (&sx)[N / 8][2], int kb) {
+  const uint32_t sw_word = kb < 2 ? sw.x : sw.y;
+  const int sw_shift = (kb & 1) * 16;
+  const float scale_g = DecodeUe8m0((sw_word >> sw_shift) & 0xFFu);
+  const float scale_g8 = DecodeUe8m0((sw_word >> (sw_shift + 8)) & 0xFFu);
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+    const float sx0 = DecodeUe8m0((sx[j][0] >> (8 * kb)) & 0xFFu);
+    const float sx1 = DecodeUe8m0((sx[j][1] >> (8 * kb)) & 0xFFu);
+    acc[4 * j + 0] = fmaf(tile[4 * j + 0], scale_g * sx0, acc[4 * j + 0]);
+    acc[4 * j + 1] = fmaf(tile[4 * j + 1], scale_g * sx1, acc[4 * j + 1]);
+    acc[4 * j + 2] = fmaf(tile[4 * j + 2], scale_g8 * sx0, acc[4 * j + 2]);
+    acc[4 * j + 3] = fmaf(tile[4 * j + 3], scale_g8 * sx1, acc[4 * j + 3]);
+  }
+}
+
+// The task's K loop: one chunk (K128 = four scale blocks) per stage.
+template <int BM, int N, bool kFp4, bool kWgmma>
+__device__ __forceinline__ void Mainloop(const TaskDesc& d, const uint8_t* stage_base, int stages,
+                                         int stage_bytes, int a_region, Barriers& bars,
+                                         uint64_t mbar_timeout, const WaitEnv& env,
+                                         float (&acc)[BM / 2], uint32_t& stage_iter) {
+  constexpr TileFormat kFormat = kFp4 ? TileFormat::kE2M1 : TileFormat::kE4M3;
+  constexpr int kPayload = ChunkPayloadBytes(kFormat);
+  constexpr int kPieces = kPayload / 512;
+  constexpr int kChunk = ChunkBytes(kFormat);
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int chunks = d.k / kChunkK;
+  const int scale_row = d.k / 32;
+  float tile0[N / 2];
+  float tile1[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) tile0[i] = tile1[i] = 0.0f;
+
+  for (int c = 0; c < chunks; ++c, ++stage_iter) {
+    const int s = static_cast<int>(stage_iter % stages);
+    MbarWait(SmemAddr(&bars.full[s]), (stage_iter / stages) & 1, mbar_timeout, env, s);
+    const uint8_t* st = stage_base + static_cast<int64_t>(s) * stage_bytes;
+    const uint8_t* a_src = st + warp * kChunk;  // warp w: stripe w (tile rows 16w..16w+15)
+    uint32_t w[kPieces * 4];
+#pragma unroll
+    for (int q = 0; q < kPieces; ++q) {
+      const uint4 v = *reinterpret_cast<const uint4*>(a_src + q * 512 + lane * 16);
+      w[q * 4 + 0] = v.x;
+      w[q * 4 + 1] = v.y;
+      w[q * 4 + 2] = v.z;
+      w[q * 4 + 3] = v.w;
+    }
+    const uint2 sw = *reinterpret_cast<const uint2*>(a_src + kPayload + g * 8);
+    const uint8_t* b_st = st + a_region;
+    const uint8_t* s_st = b_st + BM * kChunkK;
+    uint32_t sx[N / 8][2];
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int n = 8 * j + 2 * t + h;
+        const int off = (d.scale_mod + n * scale_row + c * 4) & 15;
+        sx[j][h] = *reinterpret_cast<const uint32_t*>(s_st + n * 16 + off);
+      }
+    }
+
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      uint32_t a[4];
+      if constexpr (kFp4) {
+        const uint32_t row_g = w[kb * 2];
+        const uint32_t row_g8 = w[kb * 2 + 1];
+        a[0] = E2m1x4ToE4m3x4(row_g);
+        a[2] = E2m1x4ToE4m3x4(row_g >> 16);
+        a[1] = E2m1x4ToE4m3x4(row_g8);
+        a[3] = E2m1x4ToE4m3x4(row_g8 >> 16);
+      } else {
+        a[0] = w[kb * 4 + 0];
+        a[2] = w[kb * 4 + 1];
+        a[1] = w[kb * 4 + 2];
+        a[3] = w[kb * 4 + 3];
+      }
+      if constexpr (kWgmma) {
+        // Two FP32 tiles alternate: K32 block kb's wgmma runs while kb-1 is folded in.
+        float(&cur)[N / 2] = (kb & 1) ? tile1 : tile0;
+        float(&prev)[N / 2] = (kb & 1) ? tile0 : tile1;
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) FenceOperand(cur[i]);
+        WgmmaFence();
+        const uint32_t b_addr = SmemAddr(b_st) + static_cast<uint32_t>(2 * kb * BM * 16);
+        WgmmaE4m3<N>::Run(cur, a, SmemDescNoSwizzle(b_addr, BM * 16, 128));
+        WgmmaCommit();
+        if (kb > 0) {
+          WgmmaWait<1>();
+#pragma unroll
+          for (int i = 0; i < N / 2; ++i) FenceOperand(prev[i]);
+          FoldScaled<N, BM>(acc, prev, sw, sx, kb - 1);
+        }
+      } else {
+        // Same B bytes for mma.sync: b0 = logical K 4t.. (unit 2kb), b1 = 16+4t.. (unit 2kb+1).
+#pragma unroll
+        for (int j = 0; j < N / 8; ++j) {
+          const uint8_t* b = b_st + (8 * j + g) * 16 + 4 * t;
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(b + (2 * kb) * (BM * 16));
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(b + (2 * kb + 1) * (BM * 16));
+          MmaE4m3(a[0], a[1], a[2], a[3], b0, b1, tile0[4 * j], tile0[4 * j + 1], tile0[4 * j + 2],
+                  tile0[4 * j + 3]);
+        }
+        FoldScaled<N, BM>(acc, tile0, sw, sx, kb);
+      }
+    }
+    if constexpr (kWgmma) {
+      WgmmaWait<0>();
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) FenceOperand(tile1[i]);
+      FoldScaled<N, BM>(acc, tile1, sw, sx, 3);
+    }
+    MbarArrive(SmemAddr(&bars.empty[s]));  // this thread is done with stage s
+  }
+}
+
+template <int BM, bool kFp4, bool kWgmma>
+__device__ __forceinline__ void RunMainloop(const TaskDesc& d, const uint8_t* stage_base,
+                                            int stages, int stage_bytes, int a_region,
+                                            Barriers& bars, uint64_t mbar_timeout,
+                                            const WaitEnv& env, float (&acc)[BM / 2],
+                                            uint32_t& stage_iter) {
+#define GCMOE_MAINLOOP(N)                                                                         \
+  Mainloop<BM, N, kFp4, kWgmma>(d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, \
+                                env, acc, stage_iter)
+  if (d.n <= 8) {
+    GCMOE_MAINLOOP(8);
+  } else if constexpr (BM >= 16) {
+    if (d.n <= 16) {
+      GCMOE_MAINLOOP(16);
+    } else if constexpr (BM >= 32) {
+      if (d.n <= 32) {
+        GCMOE_MAINLOOP(32);
+      } else if constexpr (BM >= 64) {
+        GCMOE_MAINLOOP(64);
+      }
+    }
+  }
+#undef GCMOE_MAINLOOP
+}
+
+template <int BM, bool kWgmma>
+__device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int stages,
+                          int stage_bytes, float* red, Barriers& bars) {
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int I = p.dims.intermediate;
+  const int Is = p.dims.shared_intermediate;
+  const int a_region = ARegionBytes(Is > 0);
+  const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
+  const WaitEnv env = MakeWaitEnv(p, 2);
+  uint32_t stage_iter = 0;
+  for (uint32_t desc_iter = 0;; ++desc_iter) {
+    const int ds = desc_iter % kDescSlots;
+    MbarWait(SmemAddr(&bars.desc_full[ds]), (desc_iter / kDescSlots) & 1, mbar_timeout, env,
+             2 * kMaxStages + ds);
+    const TaskDesc d = bars.desc[ds];
+    MbarArrive(SmemAddr(&bars.desc_empty[ds]));
+    if (d.kind < 0) break;
+
+    float acc[BM / 2];
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;
+    if (d.kind == kRoutedW1 || d.kind == kRoutedW2) {
+      RunMainloop<BM, true, kWgmma>(d, stage_base, stages, stage_bytes, a_region, bars,
+                                    mbar_timeout, env, acc, stage_iter);
+    } else {
+      RunMainloop<BM, false, kWgmma>(d, stage_base, stages, stage_bytes, a_region, bars,
+                                     mbar_timeout, env, acc, stage_iter);
+    }
+
+    // The tile's results to shared memory: red[row 0..63][token].
+    const int row = warp * 16 + g;
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+      const int col = 8 * j + 2 * t;
+      red[row * RedPitch(BM) + col] = acc[4 * j + 0];
+      red[row * RedPitch(BM) + col + 1] = acc[4 * j + 1];
+      red[(row + 8) * RedPitch(BM) + col] = acc[4 * j + 2];
+      red[(row + 8) * RedPitch(BM) + col + 1] = acc[4 * j + 3];
+    }
+    NamedBarrier(kConsumerBarrierId, kConsumerThreads);  // red complete
+    auto red_at = [red](int r, int n) { return red[r * RedPitch(BM) + n]; };
+    const int64_t first = static_cast<int64_t>(d.block) * BM;
+    switch (d.kind) {
+      case kSharedW1:
+        SwigluEpilogue<4>(p, red_at, d.rows, d.tile, Is, nullptr, p.hs_q + first * Is,
+                          p.hs_s + first * (Is / 32));
+        break;
+      case kRoutedW1:
+        SwigluEpilogue<4>(p, red_at, d.rows, d.tile, I, p.meta + first, p.h_q + first * I,
+                          p.h_s + first * (I / 32));
+        break;
+      case kSharedW2:
+        ScatterEpilogue<4>(p, red_at, d.rows, d.tile, nullptr, d.block * BM);
+        break;
+      default:
+        ScatterEpilogue<4>(p, red_at, d.rows, d.tile, p.meta + first, 0);
+        break;
+    }
+    // Every consumer's stores of the task are issued and red may be overwritten. bar.sync is
+    // CTA-scope synchronization and the release below is cumulative, so thread 0's release
+    // covers the other consumers' W1 outputs.
+    NamedBarrier(kConsumerBarrierId, kConsumerThreads);
+    if (threadIdx.x == 0) {
+      if (d.kind == kRoutedW1) {
+        __threadfence();
+        RedAddReleaseGpu(&p.w1_done[d.block], 1);
+        RedAddReleaseGpu(&p.ring_empty[d.block % p.ring_blocks], 1);
+      } else if (d.kind == kSharedW1) {
+        __threadfence();
+        RedAddReleaseGpu(&p.w1s_done[d.block], 1);
+      }
+    }
+  }
+}
+
+// Register cap: each of an SM's 4 schedulers owns a quarter of the register file and a CTA's
+// 5 warps spread over them, so TargetCtasPerSm CTAs fit only at <= 96 (4 CTAs), 128 (3) or
+// 168 (2) registers. Given as __maxnreg__: the launch-bounds form derives the same caps but
+// its code for BM 8 ran 7% slower at 8-16 tokens per rank (measured, H200, 2026-11-29).
+__host__ __device__ constexpr int MaxRegisters(int bm) {
+  return 65536 / 4 / ((TargetCtasPerSm(bm) * (kStreamThreads / 32) + 3) / 4) / 32 / 8 * 8;
+}
+template <int BM, bool kWgmma>
+__global__ void __launch_bounds__(kStreamThreads) __maxnreg__(MaxRegisters(BM))
+    GroupedGemmStreamKernel(const __grid_constant__ LayerParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int stages = p.r2_stages;
+  const int stage_bytes = StageBytes(BM, p.dims.shared_intermediate > 0);
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(stages) * stage_bytes);
+  Barriers& bars =
+      *reinterpret_cast<Barriers*>(smem + static_cast<size_t>(stages) * stage_bytes + RedBytes(BM));
+  if (threadIdx.x == 0) {
+    if (p.smid_log != nullptr) p.smid_log[p.role1_grid + blockIdx.x] = SmId();
+    for (int s = 0; s < stages; ++s) {
+      MbarInit(SmemAddr(&bars.full[s]), kFullArrivals);
+      MbarInit(SmemAddr(&bars.empty[s]), kConsumerThreads);
+    }
+    for (int i = 0; i < kDescSlots; ++i) {
+      MbarInit(SmemAddr(&bars.desc_full[i]), 1);
+      MbarInit(SmemAddr(&bars.desc_empty[i]), kConsumerThreads);
+    }
+    FenceMbarInit();
+  }
+  __syncthreads();
+  if (threadIdx.x >= kConsumerThreads) {
+    Producer<BM>(p, smem, stages, stage_bytes, bars);
+  } else {
+    Consumers<BM, kWgmma>(p, smem, stages, stage_bytes, red, bars);
+  }
+}
+
+using StreamKernel = void (*)(LayerParams);
+
+StreamKernel KernelFor(int bm, bool wgmma) {
+  switch (bm) {
+    case 8:
+      return wgmma ? GroupedGemmStreamKernel<8, true> : GroupedGemmStreamKernel<8, false>;
+    case 16:
+      return wgmma ? GroupedGemmStreamKernel<16, true> : GroupedGemmStreamKernel<16, false>;
+    case 32:
+      return wgmma ? GroupedGemmStreamKernel<32, true> : GroupedGemmStreamKernel<32, false>;
+    case 64:
+      return wgmma ? GroupedGemmStreamKernel<64, true> : GroupedGemmStreamKernel<64, false>;
+    default:
+      return nullptr;
+  }
+}
+
+// Per-SM shared memory of sm_90 and what the runtime reserves per resident CTA.
+constexpr size_t kSmemPerSm = 232448;
+constexpr size_t kSmemReservedPerCta = 1024;
+
+}  // namespace
+
+cudaError_t LoadStreamGemmKernels() {
+  for (int bm : kBlockSizes) {
+    for (bool wgmma : {false, true}) {
+      const StreamKernel kernel = KernelFor(bm, wgmma);
+      cudaFuncAttributes attributes;
+      cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
+      if (err == cudaSuccess) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(kSmemPerSm - kSmemReservedPerCta));
+      }
+      // The whole unified L1/shared array as shared memory: the stage rings of
+      // TargetCtasPerSm CTAs need it (the default carveout fit one CTA fewer at BM 32 and 64).
+      if (err == cudaSuccess) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   cudaSharedmemCarveoutMaxShared);
+      }
+      if (err != cudaSuccess) return err;
+    }
+  }
+  return cudaSuccess;
+}
+
+cudaError_t StreamGemmShape(const LayerDims& dims, int bm, bool wgmma, Role2Shape* shape) {
+  const StreamKernel kernel = KernelFor(bm, wgmma);
+  if (kernel == nullptr) return cudaErrorInvalidValue;
+  const bool has_shared = dims.shared_intermediate > 0;
+  // As many stages as fit the shared memory of TargetCtasPerSm(bm) resident CTAs.
+  const size_t budget = kSmemPerSm / TargetCtasPerSm(bm) - kSmemReservedPerCta;
+  const size_t fixed = StreamSmemBytes(bm, has_shared, 0);
+  int stages = static_cast<int>((budget - fixed) / StageBytes(bm, has_shared));
+  stages = stages < kLagStages + 1 ? kLagStages + 1 : (stages > kMaxStages ? kMaxStages : stages);
+  shape->threads = kStreamThreads;
+  shape->stages = stages;
+  shape->smem_bytes = StreamSmemBytes(bm, has_shared, stages);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&shape->blocks_per_sm, kernel,
+                                                       kStreamThreads, shape->smem_bytes);
+}
+
+cudaError_t LaunchStreamGemmRole2(const LayerParams& params, bool wgmma, const Role2Shape& shape,
+                                  int grid, cudaStream_t stream) {
+  const StreamKernel kernel = KernelFor(params.bm, wgmma);
+  if (kernel == nullptr || params.r2_stages != shape.stages) return cudaErrorInvalidValue;
+  kernel<<<grid, shape.threads, shape.smem_bytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace gcmoe::kernels

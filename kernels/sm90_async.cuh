@@ -1,0 +1,203 @@
+// Hopper (sm_90a) asynchronous primitives the warp-specialized grouped GEMM is built from:
+// mbarriers, bulk global->shared copies completing on an mbarrier, cp.async arrivals, proxy
+// fences, named barriers and register-A wgmma m64nNk32 E4M3 with its shared-memory descriptor.
+// Thin PTX wrappers; the protocols that use them are documented where they are used.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/device_common.cuh"
+
+namespace gcmoe::kernels {
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- mbarriers --------------------------------------------------------------------------------
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialized barriers visible to the async proxy (bulk copies complete on them).
+__device__ __forceinline__ void FenceMbarInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// Arrive (release, CTA scope): orders this thread's prior accesses before the phase completes.
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(bar)
+               : "memory");
+}
+// Adds `bytes` to the phase's expected transaction count, then arrives.
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile(
+      "{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(bar),
+      "r"(bytes)
+      : "memory");
+}
+// True once the phase of the given parity has completed (acquire, CTA scope).
+__device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// Records a wait that expired in the host-mapped diagnostic and traps. No printf: any call in a
+// kernel that issues wgmma makes ptxas serialize every wgmma (C7510); the host names the wait
+// from the diagnostic (LayerGraph::TimeoutDiagnostic).
+__device__ __forceinline__ void TimeoutTrap(const WaitEnv& env, int what, int index,
+                                            uint32_t target, uint32_t seen) {
+  if (env.diag != nullptr && atomicCAS(&env.diag->timed_out, 0, 1) == 0) {
+    env.diag->role = env.role;
+    env.diag->what = what;
+    env.diag->index = index;
+    env.diag->target = target;
+    env.diag->seen = seen;
+    env.diag->replay = env.sig->replays;
+    __threadfence_system();
+  }
+  __trap();
+}
+
+// Waits for the phase of `parity`. Only a bug can make this wait long (every task's stages are
+// issued in full once published, and the producer's own flag waits time out first); after
+// `timeout_ns` it records barrier `index` (kWaitPipeline) and traps.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity, uint64_t timeout_ns,
+                                         const WaitEnv& env, int index) {
+  if (MbarTryWait(bar, parity)) return;
+  const uint64_t start = GlobalTimerNs();
+  for (uint32_t spin = 1;; ++spin) {
+    if (MbarTryWait(bar, parity)) return;
+    if ((spin & 255) == 0 && GlobalTimerNs() - start > timeout_ns) {
+      TimeoutTrap(env, kWaitPipeline, index, parity, threadIdx.x);
+    }
+  }
+}
+
+// ---- copies -----------------------------------------------------------------------------------
+
+// L2 policy for data read once per replay (the weights): evicted first, so the activations and
+// W1 outputs that many tasks re-read stay in L2.
+__device__ __forceinline__ uint64_t EvictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+// Bulk copy (async proxy) of `bytes` (multiple of 16, both addresses 16-byte aligned) that
+// completes `bytes` transactions on `bar`.
+__device__ __forceinline__ void BulkCopyG2S(uint32_t dst, const void* src, uint32_t bytes,
+                                            uint32_t bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+      "[%0], [%1], %2, [%3], %4;" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+// 16 bytes through L2 only (never a stale L1 line of data another CTA wrote this replay).
+__device__ __forceinline__ void CpAsyncCg16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+
+// Orders this thread's view of shared memory written through the generic proxy (cp.async,
+// ordinary stores) before its later async-proxy accesses (wgmma reading B).
+__device__ __forceinline__ void FenceProxyAsyncShared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Barrier `id` over `threads` threads (a warpgroup's own barrier; id 0 is __syncthreads).
+__device__ __forceinline__ void NamedBarrier(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- wgmma ------------------------------------------------------------------------------------
+
+// Descriptor of a K-major operand in shared memory without swizzle: 8x16-byte core matrices,
+// `lbo` bytes apart along K, `sbo` bytes apart along N (PTX ISA, matrix descriptor format).
+__device__ __forceinline__ uint64_t SmemDescNoSwizzle(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
+         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32);
+}
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+// Ties a register to the wgmma ordering points: the compiler may not move its reads or writes
+// across the asm statements around it.
+__device__ __forceinline__ void FenceOperand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// D (m64 x N, FP32, fresh: scale-d = 0) = A (m64 x k32 E4M3 in registers, the per-warp
+// m16n8k32 A layout) x B (k32 x N E4M3, shared memory via descriptor).
+template <int N>
+struct WgmmaE4m3;
+
+template <>
+struct WgmmaE4m3<8> {
+  static __device__ __forceinline__ void Run(float (&d)[4], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, "
+        "1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(0));
+  }
+};
+
+template <>
+struct WgmmaE4m3<16> {
+  static __device__ __forceinline__ void Run(float (&d)[8], const uint32_t (&a)[4], uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+        "{%8,%9,%10,%11}, %12, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(0));
+  }
+};
+
+template <>
+struct WgmmaE4m3<32> {
+  static __device__ __forceinline__ void Run(float (&d)[16], const uint32_t (&a)[4],
+                                             uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, "
+        "1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(0));
+  }
+};
+
+template <>
+struct WgmmaE4m3<64> {
+  static __device__ __forceinline__ void Run(float (&d)[32], const uint32_t (&a)[4],
+                                             uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%"
+        "24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(0));
+  }
+};
+
+}  // namespace gcmoe::kernels
