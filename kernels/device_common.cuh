@@ -81,6 +81,23 @@ __device__ __forceinline__ bool StepAborted(const WaitEnv& env) {
          *env.abort_generation >= env.generation;
 }
 
+// Records an expired wait in the host-mapped diagnostic (the first one wins), so the host can
+// name it after the trap; returns the replay it happened in.
+__device__ __forceinline__ uint32_t RecordTimeout(const WaitEnv& env, int what, int index,
+                                                  uint32_t target, uint32_t seen) {
+  const uint32_t replay = env.sig->replays;
+  if (env.diag != nullptr && atomicCAS(&env.diag->timed_out, 0, 1) == 0) {
+    env.diag->role = env.role;
+    env.diag->what = what;
+    env.diag->index = index;
+    env.diag->target = target;
+    env.diag->seen = seen;
+    env.diag->replay = replay;
+    __threadfence_system();
+  }
+  return replay;
+}
+
 // Spins until *flag >= target. Returns false when the step was aborted (the caller leaves its
 // loop; role3 still restores the signal invariant). On timeout it records and prints what it
 // waited for, then traps: a lost peer kills the step instead of hanging the device.
@@ -98,16 +115,7 @@ static __device__ __noinline__ bool WaitAtLeast(WaitEnv env, const uint32_t* fla
     if ((spin & 63) == 0) {
       if (StepAborted(env)) return false;
       if (GlobalTimerNs() - start > env.timeout_ns) {
-        const uint32_t replay = env.sig->replays;
-        if (env.diag != nullptr && atomicCAS(&env.diag->timed_out, 0, 1) == 0) {
-          env.diag->role = env.role;
-          env.diag->what = what;
-          env.diag->index = index;
-          env.diag->target = target;
-          env.diag->seen = seen;
-          env.diag->replay = replay;
-          __threadfence_system();
-        }
+        const uint32_t replay = RecordTimeout(env, what, index, target, seen);
         printf("gcmoe role%d: timed out waiting for %s %d: need >= %u, saw %u (replay %u)\n",
                env.role, WaitWhatName(what), index, target, seen, replay);
         __trap();

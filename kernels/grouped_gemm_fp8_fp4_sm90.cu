@@ -22,6 +22,7 @@
 #include "kernels/device_common.cuh"
 #include "kernels/gemm_epilogue_sm90.cuh"
 #include "kernels/layer_roles.h"
+#include "kernels/role2_tasks_sm90.cuh"
 #include "kernels/weight_tiles_sm90.h"
 
 namespace gcmoe::kernels {
@@ -239,8 +240,6 @@ __device__ __forceinline__ void TileGemm(const GemmOperand& op, uint8_t* smem, f
   }
 }
 
-enum TaskKind { kSharedW1 = 0, kRoutedW1 = 1, kSharedW2 = 2, kRoutedW2 = 3 };
-
 template <int NT>
 __global__ void __launch_bounds__(kRoleThreads, NT <= 4 ? 2 : 1)
     GroupedGemmRole2Kernel(const __grid_constant__ LayerParams p) {
@@ -262,30 +261,14 @@ __global__ void __launch_bounds__(kRoleThreads, NT <= 4 ? 2 : 1)
   const int n1 = I / 32;         // routed W1 tiles per block
   const int n1s = Is / 32;       // shared W1 tiles per block
   const int n2 = H / kTileRows;  // W2 tiles per block (routed and shared)
-  const int64_t end_shared_w1 = static_cast<int64_t>(nsb) * n1s;
-  const int64_t end_routed_w1 = end_shared_w1 + static_cast<int64_t>(nb) * n1;
-  const int64_t end_shared_w2 = end_routed_w1 + static_cast<int64_t>(nsb) * n2;
-  const int64_t total = end_shared_w2 + static_cast<int64_t>(nb) * n2;
+  const Role2TaskSpace tasks(nb, nsb, n1, n1s, n2);
 
   for (;;) {
     if (threadIdx.x == 0) s_task = static_cast<int>(atomicAdd(&p.sig->task_next, 1u));
     __syncthreads();
     const int64_t task = s_task;
-    if (task >= total) break;
-    TaskKind kind;
-    int block, tile;
-    if (task < end_shared_w1) {
-      kind = kSharedW1, block = static_cast<int>(task / n1s), tile = static_cast<int>(task % n1s);
-    } else if (task < end_routed_w1) {
-      const int64_t i = task - end_shared_w1;
-      kind = kRoutedW1, block = static_cast<int>(i / n1), tile = static_cast<int>(i % n1);
-    } else if (task < end_shared_w2) {
-      const int64_t i = task - end_routed_w1;
-      kind = kSharedW2, block = static_cast<int>(i / n2), tile = static_cast<int>(i % n2);
-    } else {
-      const int64_t i = task - end_shared_w2;
-      kind = kRoutedW2, block = static_cast<int>(i / n2), tile = static_cast<int>(i % n2);
-    }
+    if (task >= tasks.total) break;
+    const auto [kind, block, tile] = tasks.Decode(task);
     const int slot = block % p.ring_blocks;
     // Wait (one thread, acquire) for what the task reads, then broadcast through the barrier.
     if (threadIdx.x == 0) {

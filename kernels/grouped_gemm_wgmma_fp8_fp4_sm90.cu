@@ -41,6 +41,7 @@
 #include "kernels/device_common.cuh"
 #include "kernels/gemm_epilogue_sm90.cuh"
 #include "kernels/layer_roles.h"
+#include "kernels/role2_tasks_sm90.cuh"
 #include "kernels/sm90_async.cuh"
 #include "kernels/weight_tiles_sm90.h"
 
@@ -71,8 +72,6 @@ __host__ __device__ constexpr int StageBytes(int bm, bool has_shared) {
 }
 __host__ __device__ constexpr int RedPitch(int bm) { return bm + 1; }
 __host__ __device__ constexpr int RedBytes(int bm) { return kTileRows * RedPitch(bm) * 4; }
-
-enum TaskKind { kSharedW1 = 0, kRoutedW1 = 1, kSharedW2 = 2, kRoutedW2 = 3 };
 
 struct TaskDesc {
   int32_t kind;  // TaskKind, or -1: no further task
@@ -150,10 +149,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
   const int n1 = I / 32;
   const int n1s = Is / 32;
   const int n2 = H / kTileRows;
-  const int64_t end_shared_w1 = static_cast<int64_t>(hdr.num_shared_blocks) * n1s;
-  const int64_t end_routed_w1 = end_shared_w1 + static_cast<int64_t>(hdr.num_blocks) * n1;
-  const int64_t end_shared_w2 = end_routed_w1 + static_cast<int64_t>(hdr.num_shared_blocks) * n2;
-  const int64_t total = end_shared_w2 + static_cast<int64_t>(hdr.num_blocks) * n2;
+  const Role2TaskSpace tasks(hdr.num_blocks, hdr.num_shared_blocks, n1, n1s, n2);
   const int a_region = ARegionBytes(Is > 0);
   const uint64_t policy = EvictFirstPolicy();
   const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
@@ -184,20 +180,8 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
     const uint8_t* act = nullptr;
     const uint8_t* act_scales = nullptr;
     int chunk_bytes = 0;
-    if (task < total) {
-      int kind, block, tile;
-      if (task < end_shared_w1) {
-        kind = kSharedW1, block = static_cast<int>(task / n1s), tile = static_cast<int>(task % n1s);
-      } else if (task < end_routed_w1) {
-        const int64_t i = task - end_shared_w1;
-        kind = kRoutedW1, block = static_cast<int>(i / n1), tile = static_cast<int>(i % n1);
-      } else if (task < end_shared_w2) {
-        const int64_t i = task - end_routed_w1;
-        kind = kSharedW2, block = static_cast<int>(i / n2), tile = static_cast<int>(i % n2);
-      } else {
-        const int64_t i = task - end_shared_w2;
-        kind = kRoutedW2, block = static_cast<int>(i / n2), tile = static_cast<int>(i % n2);
-      }
+    if (task < tasks.total) {
+      const auto [kind, block, tile] = tasks.Decode(task);
       const int slot = block % p.ring_blocks;
       const uint32_t* flag;
       uint32_t target;

@@ -51,15 +51,7 @@ __device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
 // from the diagnostic (LayerGraph::TimeoutDiagnostic).
 __device__ __forceinline__ void TimeoutTrap(const WaitEnv& env, int what, int index,
                                             uint32_t target, uint32_t seen) {
-  if (env.diag != nullptr && atomicCAS(&env.diag->timed_out, 0, 1) == 0) {
-    env.diag->role = env.role;
-    env.diag->what = what;
-    env.diag->index = index;
-    env.diag->target = target;
-    env.diag->seen = seen;
-    env.diag->replay = env.sig->replays;
-    __threadfence_system();
-  }
+  RecordTimeout(env, what, index, target, seen);
   __trap();
 }
 
