@@ -2,6 +2,7 @@
 // --set overrides, reported with every problem when invalid.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,5 +13,11 @@ namespace gcmoe::server {
 
 Result<config::Config> LoadCommandConfig(const std::string& path,
                                          const std::vector<std::string>& overrides);
+
+// LoadCommandConfig for a service command: on failure it prints
+// "gcmoe COMMAND: invalid config (SOURCE):" and every problem to stderr, and returns nullopt.
+std::optional<config::Config> LoadConfigOrReport(const std::string& command,
+                                                 const std::string& path,
+                                                 const std::vector<std::string>& overrides);
 
 }  // namespace gcmoe::server

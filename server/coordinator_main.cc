@@ -41,12 +41,8 @@ int RunCoordinatorCommand(int argc, char** argv) {
   if (!listen.empty()) overrides.push_back("server.listen=" + listen);
   if (!rank_listen.empty()) overrides.push_back("server.rank_listen=" + rank_listen);
 
-  auto config = LoadCommandConfig(config_path, overrides);
-  if (!config.ok()) {
-    std::fprintf(stderr, "gcmoe coordinator: invalid config:\n%s\n",
-                 config.status().message().c_str());
-    return 1;
-  }
+  auto config = LoadConfigOrReport("coordinator", config_path, overrides);
+  if (!config) return 1;
   if (Status s = SetupLogging(config->logging, "coordinator"); !s.ok()) {
     std::fprintf(stderr, "gcmoe coordinator: %s\n", s.message().c_str());
     return 1;

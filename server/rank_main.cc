@@ -40,11 +40,8 @@ int RunRankCommand(int argc, char** argv) {
   if (int rc = flags.ParseOrExit(argc, argv); rc >= 0) return rc;
   if (exit_with_coordinator) prctl(PR_SET_PDEATHSIG, SIGTERM);
 
-  auto config = LoadCommandConfig(config_path, overrides);
-  if (!config.ok()) {
-    std::fprintf(stderr, "gcmoe rank: invalid config:\n%s\n", config.status().message().c_str());
-    return 1;
-  }
+  auto config = LoadConfigOrReport("rank", config_path, overrides);
+  if (!config) return 1;
   if (rank < 0 || rank >= config->parallel.ranks) {
     std::fprintf(stderr, "gcmoe rank: --rank %d, expected 0..%d (parallel.ranks = %d)\n", rank,
                  config->parallel.ranks - 1, config->parallel.ranks);

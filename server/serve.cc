@@ -43,13 +43,8 @@ int RunServeCommand(int argc, char** argv) {
   if (!listen.empty()) overrides.push_back("server.listen=" + listen);
   if (ranks > 0) overrides.push_back("parallel.ranks=" + std::to_string(ranks));
 
-  auto config = LoadCommandConfig(config_path, overrides);
-  if (!config.ok()) {
-    std::fprintf(stderr, "gcmoe serve: invalid config (%s):\n%s\n",
-                 config_path.empty() ? "embedded default" : config_path.c_str(),
-                 config.status().message().c_str());
-    return 1;
-  }
+  auto config = LoadConfigOrReport("serve", config_path, overrides);
+  if (!config) return 1;
   if (Status s = SetupLogging(config->logging, "serve"); !s.ok()) {
     std::fprintf(stderr, "gcmoe serve: %s\n", s.message().c_str());
     return 1;
