@@ -3,7 +3,10 @@
 # ../shared/tools/device-bundle made of build-cuda/gcmoe and build-cuda/tests/kernels/*:
 #
 #   bench/gpu_checks.sh [STAGE...]     stages: sass ctest sanitizer bench peer serve variants
-#                                      ablate ncu (default: all but the last three)
+#                                      ablate ncu multi ep (default: the first six)
+#
+# multi and ep need two or more GPUs: multi runs the multi-GPU test and the multi-rank serve
+# check, ep `gcmoe bench ep` on every GPU (EP_CONFIG, default the GLM-5.2 layer).
 #
 # Environment: BUNDLE (default .device), OUT (logs; default /tmp/gcmoe-gpu-checks),
 # GCMOE_CUDA_GEMM (role2 kernel for ctest/bench: stream default, wgmma, mma), TOKENS (bench).
@@ -156,6 +159,28 @@ if has serve; then
   rc=$?
   tail -6 "$OUT/serve.log"
   note serve "$rc" "$(tail -1 "$OUT/serve.log")"
+fi
+
+GPUS=$(nvidia-smi -L | wc -l)
+if has multi; then
+  timeout 400 "$BUNDLE/bin/kernels_multi_gpu_test" > "$OUT/multi-gpu-test.log" 2>&1
+  rc=$?
+  grep -E "^\[  |Failure|Expected|differs|calc_diff|error" "$OUT/multi-gpu-test.log" | tail -30
+  note multi-test "$rc" "$(grep -E 'PASSED|FAILED' "$OUT/multi-gpu-test.log" | tail -1)"
+  GCMOE="$GCMOE" OUT="$OUT" RANKS="$GPUS" timeout 300 bash bench/gpu_serve_check.sh \
+    > "$OUT/serve-multi.log" 2>&1
+  rc=$?
+  tail -8 "$OUT/serve-multi.log"
+  note serve-$GPUS "$rc" "$(tail -1 "$OUT/serve-multi.log")"
+fi
+
+if has ep; then
+  EP_CONFIG=${EP_CONFIG:-config/examples/glm-5.2-ep8.json}
+  timeout 540 "$GCMOE" bench ep --config "$EP_CONFIG" --ranks "$GPUS" --tokens-per-rank "$TOKENS" \
+    ${EP_FLAGS:-} > "$OUT/ep.txt" 2> "$OUT/ep.log"
+  rc=$?
+  cat "$OUT/ep.txt"; tail -5 "$OUT/ep.log"
+  note ep "$rc" "$(tail -1 "$OUT/ep.txt")"
 fi
 
 echo "==== summary ($(date -u +%F))"

@@ -70,6 +70,7 @@ ordered_json EngineJson(const EngineConfig& e) {
   j["max_tokens_per_rank"] = e.max_tokens_per_rank;
   j["exchange_timeout_ms"] = e.exchange_timeout_ms;
   j["dispatch_sms"] = e.dispatch_sms;
+  j["exchange"] = e.exchange;
   return j;
 }
 

@@ -28,7 +28,7 @@ struct ModelConfig {
 
 struct ParallelConfig {
   int ranks = 1;                    // parallel.ranks
-  std::vector<int> devices;         // parallel.devices: GPU index per rank (cuda backend)
+  std::vector<int> devices;         // parallel.devices: GPU per rank (cuda); default rank r: GPU r
   bool restart_ranks = true;        // parallel.restart_ranks: `serve` restarts a dead rank
   int restart_backoff_ms = 1000;    // parallel.restart_backoff_ms
 };
@@ -39,6 +39,9 @@ struct EngineConfig {
   int max_tokens_per_rank = 256;    // engine.max_tokens_per_rank: capacity of every buffer
   int exchange_timeout_ms = 2000;   // engine.exchange_timeout_ms: longest wait on a peer
   int dispatch_sms = 16;            // engine.dispatch_sms: green-context SMs for dispatch (cuda)
+  // engine.exchange (cuda, P > 1): "gcmoe" (fused dispatch/combine over peer memory) | "nccl"
+  // (baseline: NCCL all-to-all around the same grouped GEMM)
+  std::string exchange = "gcmoe";
 };
 
 struct BalancerConfig {

@@ -91,6 +91,7 @@ void ReadEngine(ObjectReader r, EngineConfig* e) {
         &e->max_tokens_per_rank);
   r.Int("exchange_timeout_ms", kPositiveMs, &e->exchange_timeout_ms);
   r.Int("dispatch_sms", kPositive, &e->dispatch_sms);
+  r.OneOf("exchange", {"gcmoe", "nccl"}, &e->exchange);
   r.Finish();
 }
 

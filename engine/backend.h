@@ -41,6 +41,13 @@ struct StepOutput {
   int64_t assignments_computed = 0;  // routed assignments this rank computed (plus shared rows)
 };
 
+// What a rank needs to reach its peers for one epoch.
+struct PeerSetup {
+  uint64_t epoch = 0;
+  std::vector<std::string> peer_names;  // every rank's transport_name(), indexed by rank
+  std::string nccl_unique_id;           // the coordinator's for this epoch, or empty
+};
+
 struct BackendOptions {
   ModelSpec model;
   int rank = 0;
@@ -52,6 +59,9 @@ struct BackendOptions {
   // CUDA only.
   int device = 0;
   int dispatch_sms = 16;        // SMs requested for the dispatch green context
+  // How tokens cross GPUs (P > 1): "gcmoe" (the fused roles over CUDA IPC peer mappings) or
+  // "nccl" (the baseline: NCCL all-to-all around the same grouped GEMM).
+  std::string exchange = "gcmoe";
 };
 
 class Backend {
@@ -67,7 +77,9 @@ class Backend {
   // Called before the first step and again whenever a peer restarts (a new epoch); no step is
   // in flight then. ConnectPeers also resets this rank's signals.
   virtual std::string transport_name() const = 0;
-  virtual Status ConnectPeers(uint64_t epoch, std::span<const std::string> peer_names) = 0;
+  virtual Status ConnectPeers(const PeerSetup& setup) = 0;
+  // Whether ConnectPeers needs setup.nccl_unique_id (the coordinator then makes one per epoch).
+  virtual bool needs_nccl() const { return false; }
 
   // Runs this rank's part of a step. Blocks until this rank's outputs are complete.
   virtual Status Step(const StepContext& ctx, StepOutput* out) = 0;

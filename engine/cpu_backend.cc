@@ -107,8 +107,8 @@ class CpuBackend final : public Backend {
 
   std::string transport_name() const override { return exchange_->name(); }
 
-  Status ConnectPeers(uint64_t /*epoch*/, std::span<const std::string> peer_names) override {
-    return exchange_->Connect(peer_names);
+  Status ConnectPeers(const PeerSetup& setup) override {
+    return exchange_->Connect(setup.peer_names);
   }
 
   void Abort(uint64_t generation) override {

@@ -1,9 +1,14 @@
 #include "engine/cuda_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <thread>
+
+#include <unistd.h>
 
 #include <cuda_runtime.h>
 
@@ -61,11 +66,17 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   const ModelSpec& m = options.model;
   GCMOE_RETURN_IF_ERROR(m.Validate());
-  if (options.world_size != 1 || options.rank != 0) {
-    return Unimplemented("cuda backend: runs one rank per service today (parallel.ranks = 1); " +
-                         std::to_string(options.world_size) +
-                         " ranks need the multi-GPU peer mapping, not built yet");
+  if (options.world_size < 1 || options.world_size > kernels::kMaxRanks || options.rank < 0 ||
+      options.rank >= options.world_size) {
+    return InvalidArgument("cuda backend: rank " + std::to_string(options.rank) + " of " +
+                           std::to_string(options.world_size) + ": one host holds 1.." +
+                           std::to_string(kernels::kMaxRanks) + " GPU ranks");
   }
+  if (options.exchange != "gcmoe" && options.exchange != "nccl") {
+    return InvalidArgument("cuda backend: engine.exchange is \"gcmoe\" or \"nccl\", not \"" +
+                           options.exchange + "\"");
+  }
+  const bool alltoall = options.exchange == "nccl";
   if (m.hidden % 128 != 0 || m.intermediate % 128 != 0 || m.shared_intermediate % 128 != 0) {
     return InvalidArgument(
         "cuda backend: model.hidden, model.intermediate and "
@@ -91,6 +102,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
     return InvalidArgument("cuda backend: device " + std::to_string(options.device) +
                            " is outside 0.." + std::to_string(devices - 1));
   }
+  // Everything below (workspace, events, graphs) belongs to this device, whatever device the
+  // calling thread used last.
+  if ((err = cudaSetDevice(options.device)) != cudaSuccess) {
+    return CudaError("selecting device " + std::to_string(options.device), err);
+  }
   cudaDeviceProp prop;
   if ((err = cudaGetDeviceProperties(&prop, options.device)) != cudaSuccess) {
     return CudaError("reading the device properties", err);
@@ -107,7 +123,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   d.intermediate = m.intermediate;
   d.shared_intermediate = m.shared_intermediate;
   d.num_experts = m.num_experts;
-  d.local_experts = m.num_experts;  // P = 1 holds every expert
+  d.local_experts = m.num_experts;  // an upper bound: placements change what a rank holds
   d.top_k = m.top_k;
   d.capacity = options.max_tokens_per_rank;
   d.world_size = options.world_size;
@@ -117,8 +133,14 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   d.clamp = m.activation_clamp.value_or(0.0f);
   graph_options.device = options.device;
   graph_options.dispatch_sms = options.dispatch_sms;
-  graph_options.ring_blocks = EnvInt("GCMOE_CUDA_RING_BLOCKS", 0);
-  graph_options.sequential = EnvInt("GCMOE_CUDA_SEQUENTIAL", 0) != 0;
+  graph_options.alltoall = alltoall;
+  graph_options.ring_blocks = alltoall ? 0 : EnvInt("GCMOE_CUDA_RING_BLOCKS", 0);
+  // P > 1 runs the roles one after the other, role2 on the compute partition, for both
+  // exchanges. On a 2 x H200 machine (2026-11-29) full-size layers gave outputs that differ
+  // from the CPU backend in some steps with the roles overlapped, and with role2 on all 132
+  // SMs; in sequence on the compute partition they matched (docs/PERFORMANCE.md, "Multi-GPU").
+  // Until that is understood, overlap stays a one-GPU feature.
+  graph_options.sequential = EnvInt("GCMOE_CUDA_SEQUENTIAL", 0) != 0 || options.world_size > 1;
   graph_options.timeout_ns =
       static_cast<uint64_t>(std::max(1, EnvInt("GCMOE_CUDA_WAIT_TIMEOUT_MS", 5000))) * 1000000ull;
   graph_options.record_sm_ids = EnvInt("GCMOE_CUDA_RECORD_SM_IDS", 0) != 0;
@@ -141,14 +163,48 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
     if (err == cudaErrorInvalidValue) return InvalidArgument("cuda backend: " + message);
     return Internal("cuda backend: " + message);
   }
-  return std::unique_ptr<CudaBackend>(new CudaBackend(options, std::move(graph)));
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(options, std::move(graph)));
+  backend->alltoall_ = alltoall;
+  // The exchange region's name: a CUDA IPC handle for peers in other processes, the address
+  // for peers in this one. A failed export only matters once a peer in another process needs it.
+  cudaIpcMemHandle_t handle;
+  std::memset(&handle, 0, sizeof(handle));
+  const bool exported = cudaIpcGetMemHandle(&handle, backend->graph_->exchange_base()) == cudaSuccess;
+  if (!exported) cudaGetLastError();
+  std::string hex;
+  char byte[3];
+  for (size_t i = 0; i < sizeof(handle); ++i) {
+    std::snprintf(byte, sizeof(byte), "%02x", static_cast<unsigned char>(handle.reserved[i]));
+    hex += byte;
+  }
+  char head[160];
+  std::snprintf(head, sizeof(head), "cuda-ipc:%d:%d:%llx:%zu:", static_cast<int>(getpid()),
+                options.device,
+                static_cast<unsigned long long>(
+                    reinterpret_cast<uintptr_t>(backend->graph_->exchange_base())),
+                backend->graph_->exchange_bytes());
+  backend->ipc_name_ = std::string(head) + (exported ? hex : "none");
+  return backend;
 }
 
 CudaBackend::CudaBackend(const BackendOptions& options, std::unique_ptr<kernels::LayerGraph> graph)
     : options_(options), graph_(std::move(graph)) {}
 
+Status CudaBackend::SelectDevice() const {
+  const cudaError_t err = cudaSetDevice(options_.device);
+  return err == cudaSuccess ? Status::Ok() : CudaError("selecting the device", err);
+}
+
+void CudaBackend::ClosePeers() {
+  for (void* p : opened_) cudaIpcCloseMemHandle(p);
+  opened_.clear();
+}
+
 CudaBackend::~CudaBackend() {
+  cudaSetDevice(options_.device);
   graph_.reset();  // synchronizes before freeing the workspace
+  nccl_.reset();
+  ClosePeers();
   FreeWeights();
 }
 
@@ -163,6 +219,7 @@ void CudaBackend::FreeWeights() {
 
 Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int> experts) {
   std::lock_guard<std::mutex> lock(step_mutex_);
+  GCMOE_RETURN_IF_ERROR(SelectDevice());
   const ModelSpec& m = options_.model;
   const int H = m.hidden;
   const int I = m.intermediate;
@@ -216,15 +273,116 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
   return Status::Ok();
 }
 
-std::string CudaBackend::transport_name() const {
-  return "cuda:" + options_.instance + ":" + std::to_string(options_.rank);
+std::string CudaBackend::transport_name() const { return ipc_name_; }
+
+namespace {
+
+struct PeerName {
+  int pid = 0;
+  int device = 0;
+  uintptr_t base = 0;
+  size_t bytes = 0;
+  bool has_handle = false;
+  cudaIpcMemHandle_t handle{};
+};
+
+// Parses "cuda-ipc:<pid>:<device>:<hex base>:<bytes>:<hex handle | none>".
+Result<PeerName> ParsePeerName(const std::string& name) {
+  PeerName peer;
+  char hex[2 * sizeof(cudaIpcMemHandle_t) + 1] = {};
+  unsigned long long base = 0;
+  size_t bytes = 0;
+  int consumed = 0;
+  if (std::sscanf(name.c_str(), "cuda-ipc:%d:%d:%llx:%zu:%n", &peer.pid, &peer.device, &base,
+                  &bytes, &consumed) != 4 ||
+      consumed == 0) {
+    return InvalidArgument("cuda backend: \"" + name.substr(0, 40) +
+                           "\" is not a CUDA rank's transport name (is every rank on the cuda "
+                           "backend?)");
+  }
+  peer.base = static_cast<uintptr_t>(base);
+  peer.bytes = bytes;
+  const std::string handle = name.substr(static_cast<size_t>(consumed));
+  if (handle != "none") {
+    if (handle.size() != 2 * sizeof(cudaIpcMemHandle_t)) {
+      return InvalidArgument("cuda backend: malformed CUDA IPC handle in \"" + name + "\"");
+    }
+    for (size_t i = 0; i < sizeof(cudaIpcMemHandle_t); ++i) {
+      hex[0] = handle[2 * i];
+      hex[1] = handle[2 * i + 1];
+      hex[2] = '\0';
+      peer.handle.reserved[i] = static_cast<char>(std::strtoul(hex, nullptr, 16));
+    }
+    peer.has_handle = true;
+  }
+  return peer;
 }
 
-Status CudaBackend::ConnectPeers(uint64_t /*epoch*/, std::span<const std::string> peer_names) {
+}  // namespace
+
+Status CudaBackend::ConnectPeers(const PeerSetup& setup) {
   std::lock_guard<std::mutex> lock(step_mutex_);
-  if (static_cast<int>(peer_names.size()) != options_.world_size) {
-    return InvalidArgument("cuda backend: " + std::to_string(peer_names.size()) +
-                           " peer names for a world of " + std::to_string(options_.world_size));
+  GCMOE_RETURN_IF_ERROR(SelectDevice());
+  const int world = options_.world_size;
+  const int me = options_.rank;
+  if (static_cast<int>(setup.peer_names.size()) != world) {
+    return InvalidArgument("cuda backend: " + std::to_string(setup.peer_names.size()) +
+                           " peer names for a world of " + std::to_string(world));
+  }
+  connected_ = false;
+  if (alltoall_) {
+    nccl_.reset();
+    GCMOE_ASSIGN_OR_RETURN(nccl_, NcclComm::Init(setup.nccl_unique_id, world, me, options_.device));
+  } else {
+    ClosePeers();
+    std::vector<uint8_t*> bases(world, nullptr);
+    for (int q = 0; q < world; ++q) {
+      if (q == me) {
+        bases[q] = static_cast<uint8_t*>(graph_->exchange_base());
+        continue;
+      }
+      GCMOE_ASSIGN_OR_RETURN(PeerName peer, ParsePeerName(setup.peer_names[q]));
+      if (peer.bytes != graph_->exchange_bytes()) {
+        return FailedPrecondition("cuda backend: rank " + std::to_string(q) + "'s exchange region is " +
+                                  std::to_string(peer.bytes) + " bytes, this rank's " +
+                                  std::to_string(graph_->exchange_bytes()) +
+                                  " (ranks with different models or capacities?)");
+      }
+      if (peer.pid == static_cast<int>(getpid())) {
+        // A rank of this process: the address is valid here once peer access is on.
+        if (peer.device != options_.device) {
+          cudaError_t err = cudaDeviceEnablePeerAccess(peer.device, 0);
+          if (err == cudaErrorPeerAccessAlreadyEnabled) {
+            cudaGetLastError();
+            err = cudaSuccess;
+          }
+          if (err != cudaSuccess) {
+            return CudaError("enabling peer access from device " + std::to_string(options_.device) +
+                                 " to device " + std::to_string(peer.device),
+                             err);
+          }
+        }
+        bases[q] = reinterpret_cast<uint8_t*>(peer.base);
+        continue;
+      }
+      if (!peer.has_handle) {
+        return Unavailable("cuda backend: rank " + std::to_string(q) +
+                           " could not export its exchange region by CUDA IPC");
+      }
+      void* mapped = nullptr;
+      const cudaError_t err =
+          cudaIpcOpenMemHandle(&mapped, peer.handle, cudaIpcMemLazyEnablePeerAccess);
+      if (err != cudaSuccess) {
+        return CudaError("mapping rank " + std::to_string(q) + "'s exchange region (CUDA IPC, pid " +
+                             std::to_string(peer.pid) + ", device " + std::to_string(peer.device) +
+                             ")",
+                         err);
+      }
+      opened_.push_back(mapped);
+      bases[q] = static_cast<uint8_t*>(mapped);
+    }
+    const cudaError_t err = graph_->SetPeerBases(bases);
+    if (err != cudaSuccess) return CudaError("installing the peer table", err);
   }
   const cudaError_t err = graph_->ResetSignals();
   if (err != cudaSuccess) return CudaError("resetting the layer signals", err);
@@ -255,7 +413,11 @@ int CudaBackend::ChooseBlockRows(int64_t rows) const {
 
 Status CudaBackend::CheckStep(const StepContext& ctx) const {
   const ModelSpec& m = options_.model;
-  if (!connected_) return FailedPrecondition("cuda backend: ConnectPeers was not called");
+  const int me = options_.rank;
+  if (!connected_) {
+    return FailedPrecondition("cuda backend: not connected to the peers (ConnectPeers was not "
+                              "called, or an aborted step needs a new epoch)");
+  }
   if (ctx.layer < 0 || ctx.layer >= static_cast<int>(layers_.size())) {
     return NotFound("cuda backend: layer " + std::to_string(ctx.layer) + " is not loaded");
   }
@@ -265,11 +427,19 @@ Status CudaBackend::CheckStep(const StepContext& ctx) const {
                              std::to_string(options_.max_tokens_per_rank));
   }
   const StepPlan* plan = ctx.plan;
-  if (plan == nullptr || plan->world_size != 1 || plan->num_experts != m.num_experts ||
-      plan->tokens_per_rank[0] != ctx.num_tokens) {
+  if (plan == nullptr || plan->world_size != options_.world_size ||
+      plan->num_experts != m.num_experts || plan->tokens_per_rank[me] != ctx.num_tokens) {
     return Internal("cuda backend: the step plan does not match this rank's shard");
   }
-  if (ctx.hidden.dtype == DType::kFP8E4M3 && ctx.hidden.scales == nullptr) {
+  for (int q = 0; q < plan->world_size; ++q) {
+    if (plan->tokens_per_rank[q] > options_.max_tokens_per_rank) {
+      return ResourceExhausted("cuda backend: rank " + std::to_string(q) + "'s " +
+                               std::to_string(plan->tokens_per_rank[q]) +
+                               " tokens exceed the per-rank capacity of " +
+                               std::to_string(options_.max_tokens_per_rank));
+    }
+  }
+  if (ctx.hidden.dtype == DType::kFP8E4M3 && ctx.hidden.scales == nullptr && ctx.num_tokens > 0) {
     return InvalidArgument("cuda backend: FP8 hidden without scales");
   }
   const int64_t ids = static_cast<int64_t>(ctx.num_tokens) * m.top_k;
@@ -280,22 +450,38 @@ Status CudaBackend::CheckStep(const StepContext& ctx) const {
                              std::to_string(i % m.top_k) + "] is " + std::to_string(e) +
                              ", expected -1.." + std::to_string(m.num_experts - 1));
     }
-    if (e >= 0 && slot_of_[e] < 0) {
-      return Internal("cuda backend: expert " + std::to_string(e) + " is not held here");
+  }
+  for (int e = 0; e < m.num_experts; ++e) {
+    const bool home_here = plan->home[e] == me && plan->home_tokens[e] > 0;
+    const bool host_here = plan->host[e] == me && plan->expert_tokens[e] > plan->home_tokens[e];
+    if ((home_here || host_here) && slot_of_[e] < 0) {
+      return Internal("cuda backend: the plan has this rank compute expert " + std::to_string(e) +
+                      ", which it does not hold");
     }
   }
   return Status::Ok();
 }
 
-// The receive index of this rank lists, expert after expert (ascending id), the positions of
-// each held expert it computes; role1 fills it, the blocks below cut it into ring blocks.
+int64_t CudaBackend::RowsHere(const StepPlan& plan) const {
+  int64_t rows = 0;
+  for (int e = 0; e < plan.num_experts; ++e) {
+    if (plan.home[e] == options_.rank) rows += plan.home_tokens[e];
+    if (plan.host[e] == options_.rank) rows += plan.expert_tokens[e] - plan.home_tokens[e];
+  }
+  return rows;
+}
+
+// Every rank's receive index lists, expert after expert (ascending id), the positions of each
+// expert it computes (its home share or its host share). Role1 writes entries into the
+// computing rank's index, so the bases of every rank are derived here, identically on every
+// rank; this rank's blocks cut its own index into ring blocks.
 int64_t CudaBackend::BuildTables(const StepContext& ctx, int bm) {
   const StepPlan& plan = *ctx.plan;
   const int E = options_.model.num_experts;
   const int me = options_.rank;
   routes_.resize(E);
   blocks_.clear();
-  int64_t rows = 0;
+  std::vector<int64_t> cursor(options_.world_size, 0);
   for (int e = 0; e < E; ++e) {
     const int64_t total = plan.expert_tokens[e];
     const int64_t at_home = plan.home_tokens[e];
@@ -305,26 +491,118 @@ int64_t CudaBackend::BuildTables(const StepContext& ctx, int bm) {
     r.host_rank = plan.host[e];
     r.home_tokens = static_cast<int32_t>(at_home);
     r.src_offset = static_cast<int32_t>(plan.src_offset[static_cast<size_t>(me) * E + e]);
-    int64_t mine = 0;  // positions of e computed here
-    if (plan.home[e] == me) {
-      r.home_base = static_cast<int32_t>(rows);
-      mine = at_home;
-    } else if (plan.host[e] == me) {
-      r.host_base = static_cast<int32_t>(rows);
-      mine = total - at_home;
+    r.first_block = static_cast<int32_t>(blocks_.size());
+    r.home_base = static_cast<int32_t>(cursor[plan.home[e]]);
+    cursor[plan.home[e]] += at_home;
+    if (plan.host[e] >= 0) {
+      r.host_base = static_cast<int32_t>(cursor[plan.host[e]]);
+      cursor[plan.host[e]] += total - at_home;
     }
+    const int64_t base = plan.home[e] == me ? r.home_base : r.host_base;
+    const int64_t mine = plan.home[e] == me   ? at_home
+                         : plan.host[e] == me ? total - at_home
+                                              : 0;
     for (int64_t b = 0; b < mine; b += bm) {
-      blocks_.push_back(kernels::RingBlock{slot_of_[e], static_cast<int32_t>(rows + b),
+      blocks_.push_back(kernels::RingBlock{slot_of_[e], static_cast<int32_t>(base + b),
                                            static_cast<int32_t>(std::min<int64_t>(bm, mine - b)),
                                            0});
     }
-    rows += mine;
   }
-  return rows;
+  return cursor[me];
 }
 
-Status CudaBackend::Sync(const char* what) {
-  const cudaError_t err = cudaStreamSynchronize(graph_->stream());
+// The baseline's send records are grouped by computing rank, then expert, then position;
+// what source q sends this rank follows the same rule, so both sides know every count.
+void CudaBackend::BuildAllToAllCounts(const StepPlan& plan) {
+  const int E = options_.model.num_experts;
+  const int P = options_.world_size;
+  const int me = options_.rank;
+  const int64_t record = kernels::A2aRecordBytes(options_.model.hidden);
+  const int64_t row = static_cast<int64_t>(options_.model.hidden) * 2;
+  // Assignments of source q's expert e that go to its home and host copies.
+  auto shares = [&](int q, int e, int64_t* home, int64_t* host) {
+    const int64_t begin = plan.src_offset[static_cast<size_t>(q) * E + e];
+    const int64_t end =
+        q + 1 < P ? plan.src_offset[static_cast<size_t>(q + 1) * E + e] : plan.expert_tokens[e];
+    *home = std::clamp<int64_t>(plan.home_tokens[e] - begin, 0, end - begin);
+    *host = (end - begin) - *home;
+  };
+  std::vector<int64_t> send_count(P, 0), recv_count(P, 0);
+  for (int q = 0; q < P; ++q) {
+    for (int e = 0; e < E; ++e) {
+      int64_t home = 0, host = 0;
+      shares(q, e, &home, &host);
+      if (q == me) {
+        send_count[plan.home[e]] += home;
+        if (host > 0) send_count[plan.host[e]] += host;
+      }
+      if (plan.home[e] == me) recv_count[q] += home;
+      if (plan.host[e] == me) recv_count[q] += host;
+    }
+  }
+  std::vector<int64_t> send_start(P, 0), recv_start(P, 0);
+  for (int q = 1; q < P; ++q) {
+    send_start[q] = send_start[q - 1] + send_count[q - 1];
+    recv_start[q] = recv_start[q - 1] + recv_count[q - 1];
+  }
+  std::vector<int64_t> cursor = send_start;
+  for (int e = 0; e < E; ++e) {
+    int64_t home = 0, host = 0;
+    shares(me, e, &home, &host);
+    routes_[e].send_home = static_cast<int32_t>(cursor[plan.home[e]]);
+    cursor[plan.home[e]] += home;
+    if (plan.host[e] >= 0) {
+      routes_[e].send_host = static_cast<int32_t>(cursor[plan.host[e]]);
+      cursor[plan.host[e]] += host;
+    }
+  }
+  send_offsets_.assign(P, 0);
+  send_bytes_.assign(P, 0);
+  recv_offsets_.assign(P, 0);
+  recv_bytes_.assign(P, 0);
+  ret_send_offsets_.assign(P, 0);
+  ret_send_bytes_.assign(P, 0);
+  ret_recv_offsets_.assign(P, 0);
+  ret_recv_bytes_.assign(P, 0);
+  for (int q = 0; q < P; ++q) {
+    send_offsets_[q] = send_start[q] * record;
+    send_bytes_[q] = send_count[q] * record;
+    recv_offsets_[q] = recv_start[q] * record;
+    recv_bytes_[q] = recv_count[q] * record;
+    // Partials return the way their records came; this rank's own stay where role2 put them.
+    ret_send_offsets_[q] = recv_start[q] * row;
+    ret_send_bytes_[q] = q == me ? 0 : recv_count[q] * row;
+    ret_recv_offsets_[q] = send_start[q] * row;
+    ret_recv_bytes_[q] = q == me ? 0 : send_count[q] * row;
+  }
+  header_.a2a_send_rows = static_cast<int32_t>(send_start[P - 1] + send_count[P - 1]);
+  header_.a2a_recv_rows = static_cast<int32_t>(recv_start[P - 1] + recv_count[P - 1]);
+}
+
+Status CudaBackend::Sync(const char* what, uint64_t generation) {
+  cudaError_t err = cudaSuccess;
+  if (!alltoall_) {
+    err = cudaStreamSynchronize(graph_->stream());
+  } else {
+    // NCCL waits on a dead peer forever: poll, and abandon the communicator on an abort or
+    // once the device wait limit has passed.
+    const auto start = std::chrono::steady_clock::now();
+    const auto limit = std::chrono::milliseconds(std::max(1, EnvInt("GCMOE_CUDA_WAIT_TIMEOUT_MS", 5000)));
+    while ((err = cudaStreamQuery(graph_->stream())) == cudaErrorNotReady) {
+      const bool aborted = graph_->Aborted(generation);
+      if (aborted || std::chrono::steady_clock::now() - start > limit) {
+        nccl_->Abort();
+        connected_ = false;
+        err = cudaStreamSynchronize(graph_->stream());
+        if (!aborted) {
+          return DeadlineExceeded(std::string("cuda backend: ") + what +
+                                  ": the NCCL exchange did not finish in time (a peer is gone?)");
+        }
+        break;
+      }
+      std::this_thread::yield();
+    }
+  }
   if (err != cudaSuccess) {
     const std::string timeout = graph_->TimeoutDiagnostic();
     return Internal(std::string("cuda backend: ") + what + " failed: " + cudaGetErrorString(err) +
@@ -333,8 +611,33 @@ Status CudaBackend::Sync(const char* what) {
   return Status::Ok();
 }
 
+cudaError_t CudaBackend::Launch(int bm, Status* nccl_status) {
+  if (!alltoall_) return graph_->Replay(bm);
+  using kernels::AllToAllStage;
+  kernels::LayerGraph& g = *graph_;
+  cudaError_t err = g.LaunchAllToAllStage(AllToAllStage::kQuantize, bm);
+  if (err == cudaSuccess) err = g.LaunchAllToAllStage(AllToAllStage::kPack, bm);
+  if (err != cudaSuccess) return err;
+  *nccl_status = nccl_->AllToAllV(g.a2a_send(), send_offsets_, send_bytes_, g.a2a_recv(),
+                                  recv_offsets_, recv_bytes_, g.stream());
+  if (!nccl_status->ok()) return cudaErrorUnknown;
+  err = g.LaunchAllToAllStage(AllToAllStage::kUnpack, bm);
+  if (err == cudaSuccess) err = g.LaunchLocalRole2(bm);
+  if (err == cudaSuccess) err = g.LaunchAllToAllStage(AllToAllStage::kPackReturn, bm);
+  if (err != cudaSuccess) return err;
+  *nccl_status = nccl_->AllToAllV(reinterpret_cast<const uint8_t*>(g.a2a_ret_send()),
+                                  ret_send_offsets_, ret_send_bytes_,
+                                  reinterpret_cast<uint8_t*>(g.a2a_ret_recv()), ret_recv_offsets_,
+                                  ret_recv_bytes_, g.stream());
+  if (!nccl_status->ok()) return cudaErrorUnknown;
+  err = g.LaunchAllToAllStage(AllToAllStage::kUnpackReturn, bm);
+  if (err == cudaSuccess) err = g.LaunchLocalRole3(bm);
+  return err;
+}
+
 Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   std::lock_guard<std::mutex> lock(step_mutex_);
+  GCMOE_RETURN_IF_ERROR(SelectDevice());
   GCMOE_RETURN_IF_ERROR(CheckStep(ctx));
   const ModelSpec& m = options_.model;
   const int T = ctx.num_tokens;
@@ -343,16 +646,17 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   const size_t out_bytes = ctx.output_fp32 ? 4 : 2;
   out->output.resize(static_cast<size_t>(T) * H * out_bytes);
   out->assignments_computed = 0;
-  if (T == 0) return Status::Ok();
+  // With peers, a rank without tokens still computes theirs and meets them at the barriers.
+  if (T == 0 && options_.world_size == 1) return Status::Ok();
 
   // Block size from the expected tokens per held expert; rows from the plan.
-  int64_t rows = 0;
-  for (int e = 0; e < m.num_experts; ++e) rows += ctx.plan->expert_tokens[e];
-  const int bm = ChooseBlockRows(rows);
-  rows = BuildTables(ctx, bm);
+  const int bm = ChooseBlockRows(RowsHere(*ctx.plan));
+  const int64_t rows = BuildTables(ctx, bm);
   last_bm_ = bm;
 
-  kernels::StepHeader header{};
+  kernels::StepHeader& header = header_;
+  header = kernels::StepHeader{};
+  if (alltoall_) BuildAllToAllCounts(*ctx.plan);
   header.generation = ctx.generation;
   header.num_tokens = T;
   header.in_dtype = InputDType(ctx.hidden.dtype);
@@ -377,30 +681,36 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
     err = cudaMemcpyAsync(graph_->routes(), routes_.data(),
                           routes_.size() * sizeof(kernels::ExpertRoute), cudaMemcpyHostToDevice, s);
   }
-  if (err == cudaSuccess) {
+  if (err == cudaSuccess && T > 0) {
     err =
         cudaMemcpyAsync(graph_->hidden_in(), ctx.hidden.data, in_bytes, cudaMemcpyHostToDevice, s);
+    if (err == cudaSuccess && ctx.hidden.dtype == DType::kFP8E4M3) {
+      err = cudaMemcpyAsync(graph_->hidden_scales_in(), ctx.hidden.scales,
+                            static_cast<size_t>(T) * (H / 32), cudaMemcpyHostToDevice, s);
+    }
+    if (err == cudaSuccess) {
+      err = cudaMemcpyAsync(graph_->topk_ids(), ctx.topk_ids, sizeof(int32_t) * T * k,
+                            cudaMemcpyHostToDevice, s);
+    }
+    if (err == cudaSuccess) {
+      err = cudaMemcpyAsync(graph_->topk_weights(), ctx.topk_weights, sizeof(float) * T * k,
+                            cudaMemcpyHostToDevice, s);
+    }
   }
-  if (err == cudaSuccess && ctx.hidden.dtype == DType::kFP8E4M3) {
-    err = cudaMemcpyAsync(graph_->hidden_scales_in(), ctx.hidden.scales,
-                          static_cast<size_t>(T) * (H / 32), cudaMemcpyHostToDevice, s);
-  }
-  if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(graph_->topk_ids(), ctx.topk_ids, sizeof(int32_t) * T * k,
-                          cudaMemcpyHostToDevice, s);
-  }
-  if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(graph_->topk_weights(), ctx.topk_weights, sizeof(float) * T * k,
-                          cudaMemcpyHostToDevice, s);
-  }
-  if (err == cudaSuccess) err = graph_->Replay(bm);
-  if (err == cudaSuccess) {
+  Status nccl_status = Status::Ok();
+  if (err == cudaSuccess) err = Launch(bm, &nccl_status);
+  GCMOE_RETURN_IF_ERROR(nccl_status);
+  if (err == cudaSuccess && T > 0) {
     err = cudaMemcpyAsync(out->output.data(), graph_->output(), out->output.size(),
                           cudaMemcpyDeviceToHost, s);
   }
   if (err != cudaSuccess) return CudaError("launching step " + std::to_string(ctx.generation), err);
-  GCMOE_RETURN_IF_ERROR(Sync("step"));
+  GCMOE_RETURN_IF_ERROR(Sync("step", ctx.generation));
+  if (const std::string broken = graph_->BrokenCheck(); !broken.empty()) {
+    return Internal("cuda backend: step " + std::to_string(ctx.generation) + ": " + broken);
+  }
   if (graph_->Aborted(ctx.generation)) {
+    connected_ = connected_ && !alltoall_;
     return Aborted("step " + std::to_string(ctx.generation) + " aborted");
   }
   out->assignments_computed = rows;
@@ -409,6 +719,7 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
 
 Result<std::vector<float>> CudaBackend::TimeReplays(int warmup, int replays) {
   std::lock_guard<std::mutex> lock(step_mutex_);
+  GCMOE_RETURN_IF_ERROR(SelectDevice());
   if (last_bm_ == 0) return FailedPrecondition("cuda backend: TimeReplays needs a Step first");
   cudaStream_t s = graph_->stream();
   std::vector<cudaEvent_t> events(static_cast<size_t>(replays) + 1, nullptr);
@@ -416,13 +727,15 @@ Result<std::vector<float>> CudaBackend::TimeReplays(int warmup, int replays) {
   for (cudaEvent_t& e : events) {
     if (err == cudaSuccess) err = cudaEventCreate(&e);
   }
-  for (int i = 0; i < warmup && err == cudaSuccess; ++i) err = graph_->Replay(last_bm_);
+  Status nccl_status = Status::Ok();
+  for (int i = 0; i < warmup && err == cudaSuccess; ++i) err = Launch(last_bm_, &nccl_status);
   if (err == cudaSuccess) err = cudaEventRecord(events[0], s);
   for (int i = 0; i < replays && err == cudaSuccess; ++i) {
-    err = graph_->Replay(last_bm_);
+    err = Launch(last_bm_, &nccl_status);
     if (err == cudaSuccess) err = cudaEventRecord(events[i + 1], s);
   }
   std::vector<float> times;
+  GCMOE_RETURN_IF_ERROR(nccl_status);
   if (err == cudaSuccess) err = cudaStreamSynchronize(s);
   for (int i = 0; i < replays && err == cudaSuccess; ++i) {
     float ms = 0.0f;
@@ -436,11 +749,15 @@ Result<std::vector<float>> CudaBackend::TimeReplays(int warmup, int replays) {
     const std::string timeout = graph_->TimeoutDiagnostic();
     return CudaError("timing replays" + (timeout.empty() ? "" : " (" + timeout + ")"), err);
   }
+  if (const std::string broken = graph_->BrokenCheck(); !broken.empty()) {
+    return Internal("cuda backend: timing replays: " + broken);
+  }
   return times;
 }
 
 Result<double> CudaBackend::MeasureCopyBandwidth(size_t bytes, int reps) {
   std::lock_guard<std::mutex> lock(step_mutex_);
+  GCMOE_RETURN_IF_ERROR(SelectDevice());
   void* a = nullptr;
   void* b = nullptr;
   cudaStream_t s = graph_->stream();

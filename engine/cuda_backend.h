@@ -2,9 +2,19 @@
 // (kernels/layer_graph.h) on the rank's GPU. Implements the Backend seam; the concrete type is
 // public for the GPU tests and `gcmoe bench layer`, which also measure and introspect it.
 //
+// P > 1 ranks, one GPU each, on one host. transport_name() names this rank's exchange region:
+// "cuda-ipc:<pid>:<device>:<base>:<bytes>:<CUDA IPC handle>". ConnectPeers maps each peer's
+// region (CUDA IPC from another process; a rank in this process is reached directly through
+// peer access) and installs the bases in the layer graph's peer table. With exchange "nccl"
+// (the baseline) no peer memory is mapped: ConnectPeers joins an NCCL communicator from the
+// coordinator's unique id, and a step is NCCL all-to-all rounds around the same kernels,
+// launched eagerly on the compute partition. With P > 1 the fused roles also run one after
+// the other (see Create: overlapped roles gave wrong outputs on a 2-GPU machine).
+//
 // Knobs for tests and tuning (environment, read at creation):
 //   GCMOE_CUDA_RING_BLOCKS=N     ring slots per graph (default: no slot reuse within a step)
-//   GCMOE_CUDA_SEQUENTIAL=1      roles one after the other (tools that serialize kernels)
+//   GCMOE_CUDA_SEQUENTIAL=1      roles one after the other (tools that serialize kernels;
+//                                always so with P > 1, see Create)
 //   GCMOE_CUDA_WAIT_TIMEOUT_MS=N device spin-wait limit (default 5000)
 //   GCMOE_CUDA_RECORD_SM_IDS=1   role1/role2 CTAs log their SM (ReadSmIds)
 //   GCMOE_CUDA_GEMM=K            role2 kernel: stream (default: warp-specialized bulk-copy
@@ -21,6 +31,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/nccl_comm.h"
 #include "kernels/layer_graph.h"
 
 namespace gcmoe::engine {
@@ -33,7 +44,8 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   Status LoadExperts(const WeightSource& source, std::span<const int> experts) override;
   std::string transport_name() const override;
-  Status ConnectPeers(uint64_t epoch, std::span<const std::string> peer_names) override;
+  Status ConnectPeers(const PeerSetup& setup) override;
+  bool needs_nccl() const override { return alltoall_; }
   Status Step(const StepContext& ctx, StepOutput* out) override;
   void Abort(uint64_t generation) override;
 
@@ -52,6 +64,8 @@ class CudaBackend final : public Backend {
 
   // Replays the last Step's graph (same inputs) `warmup` times untimed, then `replays` times,
   // each timed with CUDA events; returns the per-replay times in microseconds.
+  // With P > 1 every rank must call it with the same counts (the replays meet at the
+  // cross-rank barriers).
   Result<std::vector<float>> TimeReplays(int warmup, int replays);
   // Device-to-device copy bandwidth in bytes per second (bytes read + written) over a buffer of
   // `bytes`, median of `reps` copies.
@@ -69,9 +83,17 @@ class CudaBackend final : public Backend {
 
   CudaBackend(const BackendOptions& options, std::unique_ptr<kernels::LayerGraph> graph);
   Status CheckStep(const StepContext& ctx) const;
+  // Routed rows this rank computes in the step.
+  int64_t RowsHere(const StepPlan& plan) const;
   // Fills the host copies of the step tables from the plan; returns the routed rows.
   int64_t BuildTables(const StepContext& ctx, int bm);
-  Status Sync(const char* what);
+  // The all-to-all baseline's record counts per peer, from the plan.
+  void BuildAllToAllCounts(const StepPlan& plan);
+  // One replay: the graph, or the baseline's stages and NCCL rounds.
+  cudaError_t Launch(int bm, Status* nccl_status);
+  Status SelectDevice() const;
+  void ClosePeers();
+  Status Sync(const char* what, uint64_t generation);
   void FreeWeights();
 
   BackendOptions options_;
@@ -83,11 +105,17 @@ class CudaBackend final : public Backend {
   int last_bm_ = 0;
   int forced_bm_ = 0;
   bool connected_ = false;
+  bool alltoall_ = false;             // exchange "nccl"
+  std::vector<void*> opened_;         // peers' regions opened by CUDA IPC (closed on reconnect)
+  std::unique_ptr<NcclComm> nccl_;
+  std::string ipc_name_;              // transport_name()
 
   // Host copies of the step tables, storage reused.
   std::vector<kernels::ExpertRoute> routes_;
   std::vector<kernels::RingBlock> blocks_;
-  std::vector<int64_t> recv_base_;  // [E] this rank's receive-index base per expert
+  std::vector<int64_t> send_offsets_, send_bytes_, recv_offsets_, recv_bytes_;  // [P] bytes
+  std::vector<int64_t> ret_send_offsets_, ret_send_bytes_, ret_recv_offsets_, ret_recv_bytes_;
+  kernels::StepHeader header_{};  // the last step's
 };
 
 }  // namespace gcmoe::engine

@@ -76,8 +76,8 @@ Status Engine::SetPlacement(const balancer::Placement& placement) {
   return Status::Ok();
 }
 
-Status Engine::Connect(uint64_t epoch, std::span<const std::string> peer_names) {
-  return backend_->ConnectPeers(epoch, peer_names);
+Status Engine::Connect(const PeerSetup& setup) {
+  return backend_->ConnectPeers(setup);
 }
 
 Status Engine::Step(const StepRequest& request, StepOutput* output, StepStats* stats) {

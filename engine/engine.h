@@ -57,7 +57,8 @@ class Engine {
   const std::vector<int>& held_experts() const { return held_experts_; }
 
   // Maps the peers' exchange memory for a new epoch (no step in flight anywhere).
-  Status Connect(uint64_t epoch, std::span<const std::string> peer_names);
+  Status Connect(const PeerSetup& setup);
+  bool needs_nccl() const { return backend_->needs_nccl(); }
 
   // Installs another placement (between steps): loads the weights of every expert this rank
   // now holds a copy of. A no-op when the placement is the one installed.

@@ -58,6 +58,14 @@ __device__ __forceinline__ uint32_t LdCg32(const void* p) {
 __device__ __forceinline__ uint4 LdCg128(const void* p) {
   return __ldcg(reinterpret_cast<const uint4*>(p));
 }
+// Volatile loads (ld.cv: any cached copy is stale, fetch again) for another GPU's memory, which
+// a cache of this GPU need not see change.
+__device__ __forceinline__ uint4 LdCv128(const void* p) {
+  return __ldcv(reinterpret_cast<const uint4*>(p));
+}
+__device__ __forceinline__ uint32_t LdCv32(const void* p) {
+  return __ldcv(reinterpret_cast<const unsigned int*>(p));
+}
 
 // ---- bounded waits ----------------------------------------------------------------------------
 

@@ -71,7 +71,9 @@ __global__ void __launch_bounds__(kRoleThreads)
   }
 
   // B. Barriers. Thread 0's fence orders the whole CTA's stores (after bar.sync) before its
-  // arrival; the system-scope fence covers peer writes of receive entries.
+  // arrival; the system-scope fence covers peer writes of receive entries. Every thread that
+  // wrote another GPU's receive index also waits for its own stores to land there first.
+  if (world > 1) __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
@@ -109,6 +111,9 @@ __global__ void __launch_bounds__(kRoleThreads)
       const uint4 raw = LdCg128(&p.recv[blk.row_begin + r]);
       const int token = static_cast<int>(raw.x);
       const int src = static_cast<int>(raw.z);
+      // Another GPU's activations: fetched afresh (ld.cv), never from a line this GPU cached
+      // in an earlier replay.
+      const bool remote = src != p.dims.rank;
       const uint8_t* src_row = p.peers.x_q[src] + static_cast<int64_t>(token) * H;
       const uint8_t* src_scales = p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes;
       const int64_t ring_row = static_cast<int64_t>(slot) * p.bm + r;
@@ -116,10 +121,11 @@ __global__ void __launch_bounds__(kRoleThreads)
       uint8_t* dst_scales = p.ring_scales + ring_row * scale_bytes;
 #pragma unroll 4
       for (int o = lane * 16; o < H; o += 32 * 16) {
-        *reinterpret_cast<uint4*>(dst_row + o) = LdCg128(src_row + o);
+        *reinterpret_cast<uint4*>(dst_row + o) = remote ? LdCv128(src_row + o) : LdCg128(src_row + o);
       }
       for (int o = lane * 4; o < scale_bytes; o += 32 * 4) {
-        *reinterpret_cast<uint32_t*>(dst_scales + o) = LdCg32(src_scales + o);
+        *reinterpret_cast<uint32_t*>(dst_scales + o) =
+            remote ? LdCv32(src_scales + o) : LdCg32(src_scales + o);
       }
       if (lane == 0) *reinterpret_cast<uint4*>(&p.meta[static_cast<int64_t>(b) * p.bm + r]) = raw;
     }

@@ -5,6 +5,10 @@
 // its own counter to reach P. Each token's k slots (unused ones skipped) and the shared slot
 // are reduced in FP32 in slot order into the output (DESIGN.md §4 step 5).
 //
+// Checks: before resetting, the last CTA checks role2's bookkeeping of the replay (every task
+// claimed exactly once, every routed block's W1 tiles all counted) and records a broken check
+// in the host-mapped diagnostic, which fails the step (LayerGraph::BrokenCheck).
+//
 // Signal reset: the last CTA to finish restores the invariant of layer_types.h Signals for the
 // next replay (so replays need no host-side reset): ring and W1 counters, the task cursor,
 // role1's barrier, x_ready, this parity's tag1 and combine_ready, and it flips the parity.
@@ -89,6 +93,32 @@ __global__ void __launch_bounds__(kRoleThreads)
   }
   __syncthreads();
   if (!s_last) return;
+  // The replay's bookkeeping, before it is reset (role2 has finished: graph dependency).
+  if (threadIdx.x == 0 && !StepAborted(env) && p.diag != nullptr) {
+    const int n1 = p.dims.intermediate / 32;
+    const int n1s = p.dims.shared_intermediate / 32;
+    const int n2 = H / kTileRows;
+    const uint32_t tasks = static_cast<uint32_t>(hdr.num_shared_blocks * (n1s + n2) +
+                                                 hdr.num_blocks * (n1 + n2));
+    const uint32_t claims = tasks + static_cast<uint32_t>(p.role2_grid);
+    int broken = 0, index = 0;
+    uint32_t expected = 0, seen = 0;
+    if (p.sig->task_next != claims) {
+      broken = kCheckTaskClaims, expected = claims, seen = p.sig->task_next;
+    }
+    for (int b = 0; b < hdr.num_blocks && broken == 0; ++b) {
+      if (p.w1_done[b] != static_cast<uint32_t>(n1)) {
+        broken = kCheckW1Tiles, index = b, expected = n1, seen = p.w1_done[b];
+      }
+    }
+    if (broken != 0 && atomicCAS(&p.diag->broken, 0, broken) == 0) {
+      p.diag->broken_index = index;
+      p.diag->broken_expected = expected;
+      p.diag->broken_seen = seen;
+      __threadfence_system();
+    }
+  }
+  __syncthreads();  // the checks read what the loops below reset
   const int used_slots = min(p.ring_blocks, hdr.num_blocks);
   for (int i = threadIdx.x; i < used_slots; i += blockDim.x) {
     p.ring_full[i] = 0;

@@ -366,6 +366,9 @@ __global__ void __launch_bounds__(kRoleThreads, NT <= 4 ? 2 : 1)
       }
     }
   }
+  // Partials scattered into peers' combine buffers must have reached them before role3 (a
+  // later kernel) announces them; a kernel boundary does not order stores to another GPU.
+  if (p.dims.world_size > 1) __threadfence_system();
 }
 
 template <int NT>

@@ -531,6 +531,9 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
       }
     }
   }
+  // Partials scattered into peers' combine buffers must have reached them before role3 (a
+  // later kernel) announces them; a kernel boundary does not order stores to another GPU.
+  if (p.dims.world_size > 1) __threadfence_system();
 }
 
 // Register cap: each of an SM's 4 schedulers owns a quarter of the register file and a CTA's

@@ -63,6 +63,7 @@ cudaError_t LoadLayerKernels(const LayerDims& dims) {
   if (err == cudaSuccess) err = LoadGroupedGemmKernels();
   if (err == cudaSuccess) err = LoadStreamGemmKernels();
   if (err == cudaSuccess) err = LoadFinalizeRole3Kernel();
+  if (err == cudaSuccess) err = LoadAllToAllKernels();
   return err;
 }
 
@@ -86,12 +87,19 @@ cudaError_t LayerGraph::Create(const LayerGraphOptions& options, std::unique_ptr
   std::unique_ptr<LayerGraph> graph(new LayerGraph());
   graph->options_ = options;
   const LayerDims& d = options.dims;
-  if (d.world_size != 1 || d.rank != 0) {
-    *error = "the CUDA layer maps only its own buffers (P = 1); got " +
-             std::to_string(d.world_size) + " ranks";
-    return cudaErrorNotSupported;
+  if (d.world_size < 1 || d.world_size > kMaxRanks || d.rank < 0 || d.rank >= d.world_size) {
+    *error = "rank " + std::to_string(d.rank) + " of " + std::to_string(d.world_size) +
+             ": the peer table holds 1.." + std::to_string(kMaxRanks) + " ranks";
+    return cudaErrorInvalidValue;
   }
-  cudaError_t err = GetGreenContextPair(options.device, options.dispatch_sms, &graph->pair_, error);
+  // The workspace, events and graphs belong to this device (the pair may come from a cache
+  // that does not select it).
+  cudaError_t err = cudaSetDevice(options.device);
+  if (err != cudaSuccess) {
+    *error = CudaMessage("selecting the device", err);
+    return err;
+  }
+  err = GetGreenContextPair(options.device, options.dispatch_sms, &graph->pair_, error);
   if (err != cudaSuccess) return err;
   graph->sequential_ = options.sequential || !graph->pair_->green;
   // Every role kernel is loaded (and its shared memory configured) before anything is captured
@@ -126,11 +134,16 @@ cudaError_t LayerGraph::Create(const LayerGraphOptions& options, std::unique_ptr
     *error = CudaMessage("creating events", err);
     return err;
   }
-  for (int i = 0; i < kNumBlockSizes; ++i) {
-    if ((err = graph->Capture(i)) != cudaSuccess) {
-      *error = CudaMessage("capturing the layer graph", err);
-      return err;
-    }
+  for (int q = 0; q < d.world_size; ++q) {
+    graph->peers_.x_q[q] = graph->x_q_;
+    graph->peers_.x_s[q] = graph->x_s_;
+    graph->peers_.recv[q] = graph->recv_;
+    graph->peers_.combine[q] = graph->combine_;
+    graph->peers_.signals[q] = graph->sig_;
+  }
+  if ((err = graph->CaptureAll()) != cudaSuccess) {
+    *error = CudaMessage("capturing the layer graph", err);
+    return err;
   }
   // One empty replay of every graph (no tokens: barriers and resets only, nothing can spin on
   // a kernel that has not started), so each role has run once in its green context before a
@@ -176,10 +189,25 @@ cudaError_t LayerGraph::Allocate() {
   alloc(&hidden_scales_in_, cap * H / 32);
   alloc(&topk_ids_, cap * k * 4);
   alloc(&topk_weights_, cap * k * 4);
-  alloc(&x_q_, cap_rows * H);
-  // Scale rows are read in aligned 16-byte windows (the streaming role2): 16 bytes of slack.
-  alloc(&x_s_, cap_rows * H / 32 + 16);
-  alloc(&recv_, static_cast<int64_t>(max_recv_rows_) * sizeof(RowMeta));
+  // The exchange region: what peers read or write, at offsets fixed by the dimensions. Scale
+  // rows are read in aligned 16-byte windows (the streaming role2): 16 bytes of slack.
+  const int64_t exchange_parts[] = {cap_rows * H, cap_rows * H / 32 + 16,
+                                    static_cast<int64_t>(max_recv_rows_ * sizeof(RowMeta)),
+                                    cap * (k + 1) * H * 2, static_cast<int64_t>(sizeof(Signals))};
+  int64_t exchange_offsets[5];
+  int64_t exchange_bytes = 0;
+  for (int i = 0; i < 5; ++i) {
+    exchange_offsets[i] = exchange_bytes;
+    exchange_bytes += (exchange_parts[i] + 255) / 256 * 256;
+  }
+  alloc(&exchange_, exchange_bytes);
+  if (err != cudaSuccess) return err;
+  exchange_bytes_ = static_cast<size_t>(exchange_bytes);
+  x_q_ = exchange_ + exchange_offsets[0];
+  x_s_ = exchange_ + exchange_offsets[1];
+  recv_ = reinterpret_cast<RowMeta*>(exchange_ + exchange_offsets[2]);
+  combine_ = reinterpret_cast<uint16_t*>(exchange_ + exchange_offsets[3]);
+  sig_ = reinterpret_cast<Signals*>(exchange_ + exchange_offsets[4]);
   alloc(&ring_, static_cast<int64_t>(ring_rows_) * H);
   alloc(&ring_scales_, static_cast<int64_t>(ring_rows_) * H / 32 + 16);
   alloc(&meta_, static_cast<int64_t>(rows_all_) * sizeof(RowMeta));
@@ -187,9 +215,16 @@ cudaError_t LayerGraph::Allocate() {
   alloc(&h_s_, static_cast<int64_t>(rows_all_) * I / 32 + 16);
   alloc(&hs_q_, cap_rows * Is);
   alloc(&hs_s_, cap_rows * Is / 32 + 16);
-  alloc(&combine_, cap * (k + 1) * H * 2);
   alloc(&out_, cap * H * 4);
-  alloc(&sig_, sizeof(Signals));
+  if (options_.alltoall) {
+    const int64_t sent = cap * k;
+    const int64_t received = static_cast<int64_t>(d.world_size) * cap * k;
+    alloc(&a2a_send_, sent * A2aRecordBytes(d.hidden));
+    alloc(&a2a_recv_, received * A2aRecordBytes(d.hidden));
+    alloc(&a2a_ret_send_, received * H * 2);
+    alloc(&a2a_ret_recv_, sent * H * 2);
+    alloc(&a2a_staging_, static_cast<int64_t>(d.world_size) * cap * (k + 1) * H * 2);
+  }
   // ring_full and ring_empty (R each), w1_done (blocks), w1s_done (shared blocks).
   counter_words_ = static_cast<size_t>(2 * max_blocks8 + max_blocks8 + CeilDiv(cap, 8) + 1);
   alloc(&counters_, static_cast<int64_t>(counter_words_) * 4);
@@ -215,17 +250,14 @@ LayerParams LayerGraph::Params(int bm_index) const {
   const int max_blocks8 = max_blocks(8);
   LayerParams p{};
   p.dims = options_.dims;
-  p.peers.x_q[0] = x_q_;
-  p.peers.x_s[0] = x_s_;
-  p.peers.recv[0] = recv_;
-  p.peers.combine[0] = combine_;
-  p.peers.signals[0] = sig_;
+  p.peers = peers_;
   p.bm = bm;
   p.ring_blocks = ring_blocks(bm);
   p.max_blocks = max_blocks(bm);
   p.sequential = sequential_ ? 1 : 0;
   p.timeout_ns = options_.timeout_ns;
   p.role1_grid = role1_grid_;
+  p.role2_grid = role2_grid(bm);
   p.r2_stages = role2_shape_[bm_index].stages;
   p.header = header_;
   p.blocks = blocks_;
@@ -255,6 +287,79 @@ LayerParams LayerGraph::Params(int bm_index) const {
   p.diag = diag_device_;
   p.smid_log = sm_ids_;
   return p;
+}
+
+LayerParams LayerGraph::LocalParams(int bm_index) const {
+  LayerParams p = Params(bm_index);
+  const LayerDims& d = options_.dims;
+  for (int q = 0; q < d.world_size; ++q) {
+    p.peers.x_q[q] = x_q_;
+    p.peers.x_s[q] = x_s_;
+    p.peers.recv[q] = recv_;
+    p.peers.signals[q] = sig_;
+    p.peers.combine[q] =
+        q == d.rank ? combine_
+                    : a2a_staging_ + static_cast<int64_t>(q) * d.capacity * (d.top_k + 1) * d.hidden;
+  }
+  p.a2a_send = a2a_send_;
+  p.a2a_recv = a2a_recv_;
+  p.a2a_ret_send = a2a_ret_send_;
+  p.a2a_ret_recv = a2a_ret_recv_;
+  return p;
+}
+
+cudaError_t LayerGraph::SetPeerBases(const std::vector<uint8_t*>& bases) {
+  const LayerDims& d = options_.dims;
+  if (static_cast<int>(bases.size()) != d.world_size || bases[d.rank] != exchange_) {
+    return cudaErrorInvalidValue;
+  }
+  for (int q = 0; q < d.world_size; ++q) {
+    const auto at = [&](const void* own) { return bases[q] + (static_cast<const uint8_t*>(own) - exchange_); };
+    peers_.x_q[q] = at(x_q_);
+    peers_.x_s[q] = at(x_s_);
+    peers_.recv[q] = reinterpret_cast<RowMeta*>(at(recv_));
+    peers_.combine[q] = reinterpret_cast<uint16_t*>(at(combine_));
+    peers_.signals[q] = reinterpret_cast<Signals*>(at(sig_));
+  }
+  cudaError_t err = cudaStreamSynchronize(pair_->compute_stream);
+  if (err != cudaSuccess) return err;
+  DestroyGraphs();
+  return CaptureAll();
+}
+
+cudaError_t LayerGraph::LaunchAllToAllStage(AllToAllStage stage, int bm) {
+  const int index = BlockSizeIndex(bm);
+  if (index < 0 || a2a_send_ == nullptr) return cudaErrorInvalidValue;
+  return kernels::LaunchAllToAllStage(stage, LocalParams(index), pair_->compute_sms,
+                                      pair_->compute_stream);
+}
+
+cudaError_t LayerGraph::LaunchLocalRole2(int bm) {
+  const int index = BlockSizeIndex(bm);
+  if (index < 0 || a2a_send_ == nullptr) return cudaErrorInvalidValue;
+  return LaunchGroupedGemmRole2(options_.gemm, LocalParams(index), role2_shape_[index],
+                                role2_grid(bm), pair_->compute_stream);
+}
+
+cudaError_t LayerGraph::LaunchLocalRole3(int bm) {
+  const int index = BlockSizeIndex(bm);
+  if (index < 0 || a2a_send_ == nullptr) return cudaErrorInvalidValue;
+  return LaunchFinalizeRole3(LocalParams(index), role3_grid_, pair_->compute_stream);
+}
+
+cudaError_t LayerGraph::CaptureAll() {
+  cudaError_t err = cudaSuccess;
+  for (int i = 0; i < kNumBlockSizes && err == cudaSuccess; ++i) err = Capture(i);
+  return err;
+}
+
+void LayerGraph::DestroyGraphs() {
+  for (int i = 0; i < kNumBlockSizes; ++i) {
+    if (execs_[i] != nullptr) cudaGraphExecDestroy(execs_[i]);
+    if (graphs_[i] != nullptr) cudaGraphDestroy(graphs_[i]);
+    execs_[i] = nullptr;
+    graphs_[i] = nullptr;
+  }
 }
 
 cudaError_t LayerGraph::Capture(int bm_index) {
@@ -314,10 +419,21 @@ bool LayerGraph::Aborted(uint64_t generation) const {
 std::string LayerGraph::TimeoutDiagnostic() const {
   // Written by the device (host-mapped) right before it trapped.
   const volatile WaitDiagnostic* d = diag_host_;
-  if (d->timed_out == 0) return "";
+  if (d->timed_out == 0) return BrokenCheck();
   return "role" + std::to_string(d->role) + " timed out waiting for " + WaitWhatName(d->what) +
          " " + std::to_string(d->index) + ": needed >= " + std::to_string(d->target) + ", saw " +
          std::to_string(d->seen) + " (replay " + std::to_string(d->replay) + ")";
+}
+
+std::string LayerGraph::BrokenCheck() const {
+  const volatile WaitDiagnostic* d = diag_host_;
+  if (d->broken == 0) return "";
+  std::string text = "role3 found role2's bookkeeping broken: ";
+  text += WaitWhatName(d->broken);
+  if (d->broken == kCheckW1Tiles) text.append(" ").append(std::to_string(d->broken_index));
+  text.append(": expected ").append(std::to_string(d->broken_expected));
+  text.append(", saw ").append(std::to_string(d->broken_seen));
+  return text;
 }
 
 cudaError_t LayerGraph::ResetSignals() {
@@ -342,10 +458,7 @@ cudaError_t LayerGraph::ReadSmIds(int bm, std::vector<int>* role1, std::vector<i
 LayerGraph::~LayerGraph() {
   // Nothing may still run on the workspace when it is freed.
   if (pair_ != nullptr) cudaStreamSynchronize(pair_->compute_stream);
-  for (int i = 0; i < kNumBlockSizes; ++i) {
-    if (execs_[i] != nullptr) cudaGraphExecDestroy(execs_[i]);
-    if (graphs_[i] != nullptr) cudaGraphDestroy(graphs_[i]);
-  }
+  DestroyGraphs();
   if (fork_ != nullptr) cudaEventDestroy(fork_);
   if (join_ != nullptr) cudaEventDestroy(join_);
   for (void* p : allocations_) cudaFree(p);

@@ -11,8 +11,15 @@
 // in the GEMM's block size BM (8, 16, 32, 64 tokens), picked per step from the expected tokens
 // per expert. Replays need no host-side reset: role3 restores every signal.
 //
-// Written for P ranks (by-value peer table); this workspace maps only its own buffers, so it
-// runs P = 1. Multi-GPU needs the peer mapping (CUDA IPC or NCCL windows) on top.
+// P ranks: the buffers peers read or write (quantized activations, receive index, combine
+// buffer, signals) live in one allocation, the exchange region, at offsets that depend only on
+// the layer's dimensions, so a peer's region base is all a rank needs to reach them.
+// SetPeerBases installs every rank's base as this rank maps it (the engine maps them, by CUDA
+// IPC or peer access) into the by-value peer table and recaptures the graphs. Until then the
+// table names this rank's own region for every rank, which runs P = 1 and the empty replays.
+//
+// With `alltoall` the workspace also holds the NCCL all-to-all baseline's buffers, and the
+// baseline's stages are launched one by one (Launch*Local, LaunchAllToAllStage).
 #pragma once
 
 #include <cstdint>
@@ -44,6 +51,7 @@ struct LayerGraphOptions {
   uint64_t timeout_ns = 5'000'000'000ull;
   bool record_sm_ids = false;                // role1/role2 CTAs log their SM (tests)
   GemmKernel gemm = GemmKernel::kStreamMma;  // role2's kernel (layer_roles.h)
+  bool alltoall = false;                     // also allocate the all-to-all baseline's buffers
 };
 
 class LayerGraph {
@@ -81,12 +89,32 @@ class LayerGraph {
   // One replay of the graph for block size bm (8, 16, 32 or 64) on stream().
   cudaError_t Replay(int bm);
 
+  // The exchange region (cudaMalloc'd, so CUDA IPC can export it).
+  void* exchange_base() const { return exchange_; }
+  size_t exchange_bytes() const { return exchange_bytes_; }
+  // bases[r]: rank r's exchange region as mapped here (bases[rank] = exchange_base()). Call
+  // with no replay in flight; recaptures every graph.
+  cudaError_t SetPeerBases(const std::vector<uint8_t*>& bases);
+
+  // The NCCL all-to-all baseline (options.alltoall), launched on stream(): its own stages, and
+  // role2 and role3 with the rank-local peer table.
+  cudaError_t LaunchAllToAllStage(AllToAllStage stage, int bm);
+  cudaError_t LaunchLocalRole2(int bm);
+  cudaError_t LaunchLocalRole3(int bm);
+  uint8_t* a2a_send() const { return a2a_send_; }        // [capacity * k] records
+  uint8_t* a2a_recv() const { return a2a_recv_; }        // [P * capacity * k] records
+  uint16_t* a2a_ret_send() const { return a2a_ret_send_; }  // [P * capacity * k, H]
+  uint16_t* a2a_ret_recv() const { return a2a_ret_recv_; }  // [capacity * k, H]
+
   // Makes a replay whose header generation is <= `generation` leave its waits (thread-safe).
   void Abort(uint64_t generation);
   // Whether Abort covered a replay of this generation.
   bool Aborted(uint64_t generation) const;
-  // After a failed synchronize: which device wait timed out, or "".
+  // After a failed synchronize: which device wait timed out (or which check broke), or "".
   std::string TimeoutDiagnostic() const;
+  // After any replay: a broken end-of-replay check (WaitDiagnostic::broken) as text, or "".
+  // Sticky: the workspace is suspect from then on.
+  std::string BrokenCheck() const;
   // Zeroes every signal (no replay may be in flight).
   cudaError_t ResetSignals();
   // With record_sm_ids: the SM of each role1 and role2 CTA of the last replay of `bm`.
@@ -95,8 +123,13 @@ class LayerGraph {
  private:
   LayerGraph() = default;
   cudaError_t Allocate();
+  cudaError_t CaptureAll();
   cudaError_t Capture(int bm_index);
+  void DestroyGraphs();
   LayerParams Params(int bm_index) const;
+  // The baseline's parameters: every peer entry names this rank's buffers, except combine[q]
+  // (q != rank), role2's staging of source q's partials.
+  LayerParams LocalParams(int bm_index) const;
 
   LayerGraphOptions options_;
   const GreenContextPair* pair_ = nullptr;
@@ -109,6 +142,9 @@ class LayerGraph {
   Role2Shape role2_shape_[kNumBlockSizes] = {};
   int role3_grid_ = 0;
   std::vector<void*> allocations_;
+  uint8_t* exchange_ = nullptr;  // x_q | x_s | recv | combine | signals
+  size_t exchange_bytes_ = 0;
+  PeerTable peers_{};
 
   StepHeader* header_ = nullptr;
   RingBlock* blocks_ = nullptr;
@@ -137,6 +173,11 @@ class LayerGraph {
   WaitDiagnostic* diag_host_ = nullptr;
   uint64_t* abort_device_ = nullptr;
   WaitDiagnostic* diag_device_ = nullptr;
+  uint8_t* a2a_send_ = nullptr;
+  uint8_t* a2a_recv_ = nullptr;
+  uint16_t* a2a_ret_send_ = nullptr;
+  uint16_t* a2a_ret_recv_ = nullptr;
+  uint16_t* a2a_staging_ = nullptr;  // [P, capacity, k + 1, H]
 
   cudaGraph_t graphs_[kNumBlockSizes] = {};
   cudaGraphExec_t execs_[kNumBlockSizes] = {};

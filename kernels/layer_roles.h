@@ -19,6 +19,7 @@ cudaError_t LoadDispatchRole1Kernel(const LayerDims& dims);
 cudaError_t LoadGroupedGemmKernels();  // the mma.sync stepping stone
 cudaError_t LoadStreamGemmKernels();   // the warp-specialized kernels
 cudaError_t LoadFinalizeRole3Kernel();
+cudaError_t LoadAllToAllKernels();
 
 // Dynamic shared memory of role1.
 size_t Role1SmemBytes(const LayerDims& dims);
@@ -60,5 +61,17 @@ cudaError_t LaunchGroupedGemmRole2(GemmKernel kernel, const LayerParams& params,
                                    const Role2Shape& shape, int grid, cudaStream_t stream);
 // role3: combine readiness, slot-order reduction into the output, signal reset, parity flip.
 cudaError_t LaunchFinalizeRole3(const LayerParams& params, int grid, cudaStream_t stream);
+
+// The NCCL all-to-all baseline's own kernels (alltoall_exchange.cu), launched eagerly in this
+// order around the engine's NCCL rounds, with role2 and role3 between them.
+enum class AllToAllStage : int {
+  kQuantize,      // this rank's tokens to E4M3 (x_q, x_s)
+  kPack,          // one record per local assignment, grouped by computing rank
+  kUnpack,        // received records into ring blocks; opens every block and the shared expert
+  kPackReturn,    // partials of records from other ranks, in receive order
+  kUnpackReturn,  // returned partials into the combine buffer
+};
+cudaError_t LaunchAllToAllStage(AllToAllStage stage, const LayerParams& params, int grid,
+                                cudaStream_t stream);
 
 }  // namespace gcmoe::kernels

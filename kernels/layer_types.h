@@ -12,8 +12,8 @@
 
 namespace gcmoe::kernels {
 
-// Ranks one by-value peer table can name (the paper's table holds 72; the engine runs P = 1
-// today, the kernels are written for P).
+// Ranks one by-value peer table can name (the paper's table holds 72; one NVLink domain of
+// H200s is 8).
 inline constexpr int kMaxRanks = 8;
 // Token block sizes (rows of a ring block) the grouped GEMM is instantiated for: BM = 8 * NT.
 inline constexpr int kBlockSizes[] = {8, 16, 32, 64};
@@ -60,15 +60,21 @@ struct RingBlock {
 };
 
 // Where expert e's assignments go: positions [0, home_tokens) to home_rank, the rest to
-// host_rank; each target appends them to its receive index from the given base.
+// host_rank; each target appends them to its receive index from the given base (the bases
+// are the targets' own, identical on every rank).
 struct ExpertRoute {
   int32_t home_rank;
   int32_t home_base;
   int32_t host_rank;  // -1 when not replicated
   int32_t host_base;
   int32_t home_tokens;
-  int32_t src_offset;  // this rank's first position in e's global order (plan.src_offset)
-  int32_t pad[2];
+  int32_t src_offset;   // this rank's first position in e's global order (plan.src_offset)
+  int32_t first_block;  // this rank's first ring block of e (when it computes a share of e)
+  // NCCL all-to-all baseline: index in this rank's send records of its first assignment of e
+  // that goes to the home copy, and of the first that goes to the host copy.
+  int32_t send_home;
+  int32_t send_host;
+  int32_t pad[3];
 };
 
 // Written by the host before each step (never during a replay); every role reads it on device,
@@ -80,6 +86,8 @@ struct StepHeader {
   int32_t out_fp32;           // else BF16
   int32_t num_blocks;         // routed ring blocks this rank computes
   int32_t num_shared_blocks;  // ceil(T_r / BM) with a shared expert, else 0
+  int32_t a2a_send_rows;      // NCCL all-to-all baseline: records this rank sends (all ranks)
+  int32_t a2a_recv_rows;      // ... and receives (all ranks, itself included)
   int32_t pad;
   // The step's layer: tiled weights (weight_tiles_sm90.h), all held experts back to back.
   const uint8_t* w1;   // [local_experts][I/32 tiles]
@@ -101,8 +109,8 @@ struct Signals {
   uint32_t combine_ready[2];  // cross-rank combine readiness by parity: each rank adds 1
 };
 
-// By-value peer table: the addresses of every rank's exchanged buffers as this rank maps them.
-// With P = 1 entry 0 is this rank's own buffers.
+// By-value peer table: the addresses of every rank's exchanged buffers as this rank maps them
+// (its own entry is its own buffers).
 struct PeerTable {
   const uint8_t* x_q[kMaxRanks];  // [capacity, H] quantized activations of each source rank
   const uint8_t* x_s[kMaxRanks];  // [capacity, H/32]
@@ -110,6 +118,20 @@ struct PeerTable {
   uint16_t* combine[kMaxRanks];   // [capacity, k+1, H] BF16 partials of each source rank
   Signals* signals[kMaxRanks];
 };
+
+// NCCL all-to-all baseline: one dispatched assignment as it travels, a header then the
+// token's E4M3 codes [H] and scales [H/32], padded to 16 bytes (A2aRecordBytes).
+struct A2aRecordHeader {
+  RowMeta meta;        // token, slot and source rank at the source, routing weight
+  int32_t recv_index;  // its row in the computing rank's receive order
+  int32_t expert;
+  int32_t dst;         // the computing rank
+  int32_t pad;
+};
+
+inline GCMOE_HOST_DEVICE int64_t A2aRecordBytes(int hidden) {
+  return (static_cast<int64_t>(sizeof(A2aRecordHeader)) + hidden + hidden / 32 + 15) / 16 * 16;
+}
 
 // What a wait that timed out was waiting for; written to host-mapped memory before the trap so
 // the host can name it in its error even when device printf output is lost.
@@ -122,6 +144,13 @@ struct WaitDiagnostic {
   uint32_t seen;
   uint32_t replay;
   int32_t pad;
+  // Role3's end-of-replay checks of role2's bookkeeping (a replay that was not aborted): every
+  // task claimed exactly once and every routed block's W1 tiles all counted. A broken check
+  // means work was skipped or double-counted, so the step's output cannot be trusted.
+  int32_t broken;            // 0, or a WaitWhat below (kCheck*)
+  int32_t broken_index;      // the block, for kCheckW1Tiles
+  uint32_t broken_expected;
+  uint32_t broken_seen;
 };
 
 enum WaitWhat : int32_t {
@@ -134,6 +163,8 @@ enum WaitWhat : int32_t {
   kWaitSharedW1Done = 7,  // role2 shared W2 task waits for the shared W1 tiles
   kWaitCombine = 8,       // role3 waits for every rank's partials
   kWaitPipeline = 9,      // role2's shared-memory pipeline (index: barrier; seen: thread)
+  kCheckTaskClaims = 10,  // role2's task cursor after the replay: tasks + one claim per CTA
+  kCheckW1Tiles = 11,     // a routed block's W1 tiles counted after the replay
 };
 
 // Names a wait for diagnostics (device printf and the host's error message).
@@ -157,6 +188,10 @@ inline GCMOE_HOST_DEVICE const char* WaitWhatName(int what) {
       return "every rank's partials (combine readiness)";
     case kWaitPipeline:
       return "role2's shared-memory pipeline barrier";
+    case kCheckTaskClaims:
+      return "role2's task claims (tasks + one per CTA)";
+    case kCheckW1Tiles:
+      return "the W1 tiles counted for block";
     default:
       return "an unknown signal";
   }
@@ -171,6 +206,7 @@ struct LayerParams {
   int32_t sequential = 0;   // 1: roles run one after the other (no spin can block)
   uint64_t timeout_ns = 0;  // every device wait gives up (and traps) after this long
   int32_t role1_grid = 0;   // role1's CTAs (role2's SM log entries follow role1's)
+  int32_t role2_grid = 0;   // role2's CTAs (role3 checks the task claims against it)
   int32_t r2_stages = 0;    // shared-memory stages of the streaming role2 (0: stepping stone)
 
   const StepHeader* header;
@@ -202,6 +238,11 @@ struct LayerParams {
   const volatile uint64_t* abort_generation;  // host-mapped; >= header->generation: leave
   WaitDiagnostic* diag;                       // host-mapped
   int32_t* smid_log;  // optional [role1 grid + role2 grid]: the SM each CTA ran on
+  // NCCL all-to-all baseline only (else null).
+  uint8_t* a2a_send;       // [capacity * k] records, grouped by destination rank
+  uint8_t* a2a_recv;       // [world * capacity * k] records, grouped by source rank
+  uint16_t* a2a_ret_send;  // [world * capacity * k, H] partials of the received records
+  uint16_t* a2a_ret_recv;  // [capacity * k, H] partials of the sent records, in send order
 };
 
 }  // namespace gcmoe::kernels

@@ -32,6 +32,7 @@
 #include "engine/numerics.h"
 #include "engine/step_plan.h"
 #include "server/bench_random_weights.h"
+#include "server/bench_util.h"
 #include "server/flags.h"
 
 #if GCMOE_HAVE_CUDA
@@ -55,22 +56,6 @@ engine::ModelSpec ModelFromConfig(const config::ModelConfig& m) {
   return spec;
 }
 
-Result<std::vector<int>> ParseTokenList(const std::string& text) {
-  std::vector<int> tokens;
-  std::stringstream stream(text);
-  std::string item;
-  while (std::getline(stream, item, ',')) {
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 1 || v > 65536) {
-      return InvalidArgument("--tokens-per-rank: \"" + item + "\" is not a token count 1..65536");
-    }
-    tokens.push_back(static_cast<int>(v));
-  }
-  if (tokens.empty()) return InvalidArgument("--tokens-per-rank: expected a list like 1,2,4");
-  return tokens;
-}
-
 #if GCMOE_HAVE_CUDA
 struct Row {
   int tokens = 0;
@@ -81,10 +66,6 @@ struct Row {
   double floor_bytes = 0, floor_us = 0, fraction = 0, tflops = 0, gbps = 0;
 };
 
-double Percentile(std::vector<float> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(q * (v.size() - 1) + 0.5)];
-}
 #endif  // GCMOE_HAVE_CUDA
 
 }  // namespace
@@ -101,6 +82,8 @@ int RunBenchLayer(int argc, char** argv) {
   std::string gemm;
   int dispatch_sms = -1;
   int force_bm = 0;
+  int repeat = 0;
+  int nondeterministic = 0;
   Flags flags("gcmoe bench layer",
               "Times one rank's MoE layer on the GPU (CUDA graph replays) against its memory "
               "floor.");
@@ -121,6 +104,7 @@ int RunBenchLayer(int argc, char** argv) {
             "SMs requested for the dispatch partition (-1 = the config's; 0 = one context, "
             "dispatch then GEMM: overlap off)");
   flags.Int("bm", &force_bm, "pin the GEMM block size (8, 16, 32, 64; 0 = the heuristic)");
+  flags.Int("repeat", &repeat, "run every step this many more times and check the bits repeat");
   if (const int rc = flags.ParseOrExit(argc, argv, 1); rc >= 0) return rc;
   if (config_path.empty()) {
     std::fprintf(stderr, "gcmoe bench layer: --config is required\n");
@@ -191,7 +175,7 @@ int RunBenchLayer(int argc, char** argv) {
   std::iota(experts.begin(), experts.end(), 0);
   if (Status s = gpu.LoadExperts(*weights, experts); !s.ok()) return fail("loading experts", s);
   const std::string name = gpu.transport_name();
-  if (Status s = gpu.ConnectPeers(1, std::span<const std::string>(&name, 1)); !s.ok()) {
+  if (Status s = gpu.ConnectPeers(engine::PeerSetup{1, {name}, ""}); !s.ok()) {
     return fail("connecting", s);
   }
   std::fprintf(
@@ -253,6 +237,21 @@ int RunBenchLayer(int argc, char** argv) {
         return 1;
       }
     }
+    // The same step again must give the same bits.
+    for (int again = 0; again < repeat; ++again) {
+      ctx.generation += 1000000;
+      engine::StepOutput out2;
+      if (Status s = gpu.Step(ctx, &out2); !s.ok()) return fail("step", s);
+      if (out2.output != out.output) {
+        size_t first = 0;
+        while (out.output[first] == out2.output[first]) ++first;
+        size_t bytes_differing = 0;
+        for (size_t i = 0; i < out.output.size(); ++i) bytes_differing += out.output[i] != out2.output[i];
+        std::fprintf(stderr, "T = %d: repeat %d differs: %zu of %zu bytes, first at token %zu\n", T,
+                     again + 1, bytes_differing, out.output.size(), first / (2 * H));
+        ++nondeterministic;
+      }
+    }
     auto times = gpu.TimeReplays(warmup, replays);
     if (!times.ok()) return fail("timing replays", times.status());
 
@@ -300,6 +299,9 @@ int RunBenchLayer(int argc, char** argv) {
                 r.block_rows, static_cast<long long>(r.assignments), r.active_experts, r.median_us,
                 r.p10_us, r.p90_us, r.floor_us, 100.0 * r.fraction, r.tflops, r.gbps);
   }
+  if (repeat > 0) {
+    std::printf("repeated steps: %s\n", nondeterministic == 0 ? "bit-identical" : "DIFFERENT");
+  }
   if (!json_path.empty()) {
     std::ofstream json(json_path);
     json << "{\"config\": \"" << config_path << "\", \"hidden\": " << H
@@ -318,7 +320,7 @@ int RunBenchLayer(int argc, char** argv) {
     }
     json << "]}\n";
   }
-  return 0;
+  return nondeterministic == 0 ? 0 : 1;
 #endif
 }
 

@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "engine/nccl_comm.h"
+
 namespace gcmoe::server {
 namespace {
 
@@ -105,6 +107,15 @@ void Coordinator::MaybeStartEpochLocked(Outbox* outbox) {
                                     planner_->placement().home.end());
   placement->mutable_host()->Assign(planner_->placement().host.begin(),
                                     planner_->placement().host.end());
+  if (options_.nccl_bootstrap) {
+    // The ranks report it in their Ready (and the epoch is retried) if this failed.
+    Result<std::string> id = engine::NewNcclUniqueId();
+    if (id.ok()) {
+      setup->set_nccl_unique_id(*id);
+    } else {
+      spdlog::error("epoch {}: no NCCL unique id for the ranks: {}", epoch_, id.status().ToString());
+    }
+  }
   for (Slot& slot : slots_) {
     slot.ready = false;
     outbox->emplace_back(slot.session, message);

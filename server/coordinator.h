@@ -39,6 +39,9 @@ struct CoordinatorOptions {
   int step_timeout_ms = 60000;  // a step not answered by every rank by then fails
   int exchange_timeout_ms = 2000;
   bool balancer_enabled = false;
+  // The ranks join an NCCL communicator each epoch (the CUDA backend's engine.exchange
+  // "nccl"): every Setup carries a fresh unique id whose bootstrap root is this process.
+  bool nccl_bootstrap = false;
 };
 
 class Coordinator {

@@ -45,6 +45,7 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
   options.exchange_timeout_ms = config.engine.exchange_timeout_ms;
   options.step_timeout_ms = config.server.step_timeout_ms;
   options.balancer_enabled = config.balancer.enabled;
+  options.nccl_bootstrap = config.engine.backend == "cuda" && config.engine.exchange == "nccl";
   GCMOE_ASSIGN_OR_RETURN(auto planner, BalancePlanner::Create(config));
   server->coordinator_ =
       std::make_unique<Coordinator>(options, std::move(planner), server->stats_.get());

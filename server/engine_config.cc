@@ -37,10 +37,12 @@ engine::EngineOptions EngineOptionsFromConfig(const config::Config& config, int 
   b.threads = config.engine.threads;
   b.exchange_timeout_ms = config.engine.exchange_timeout_ms;
   b.instance = instance;
+  // One GPU per rank: parallel.devices names them, else rank r takes device r.
   b.device = rank < static_cast<int>(config.parallel.devices.size())
                  ? config.parallel.devices[rank]
-                 : 0;
+                 : rank;
   b.dispatch_sms = config.engine.dispatch_sms;
+  b.exchange = config.engine.exchange;
   return options;
 }
 

@@ -198,7 +198,11 @@ void RankProcess::HandleSetup(const internal::Setup& setup, Stream* stream) {
     if (status.ok()) status = engine_->SetPlacement(placement);
     if (status.ok()) placement_version_ = setup.placement().version();
   }
-  if (status.ok()) status = engine_->Connect(setup.epoch(), peers);
+  engine::PeerSetup peer_setup;
+  peer_setup.epoch = setup.epoch();
+  peer_setup.peer_names = peers;
+  peer_setup.nccl_unique_id = setup.nccl_unique_id();
+  if (status.ok()) status = engine_->Connect(peer_setup);
   internal::RankMessage reply;
   reply.mutable_ready()->set_epoch(setup.epoch());
   if (!status.ok()) {

@@ -120,6 +120,8 @@ const BadConfig kBadConfigs[] = {
      "tile H and I by 128), got 96"},
     {"BackendUnknown", [](json& j) { j["engine"]["backend"] = "gpu"; },
      "engine.backend: expected \"cpu\" or \"cuda\", got \"gpu\""},
+    {"ExchangeUnknown", [](json& j) { j["engine"]["exchange"] = "mpi"; },
+     "engine.exchange: expected \"gcmoe\" or \"nccl\", got \"mpi\""},
     {"MaxTokensZero", [](json& j) { j["engine"]["max_tokens_per_rank"] = 0; },
      "engine.max_tokens_per_rank: expected an integer in 1..1048576, got 0"},
     {"TorusDoesNotCoverRanks",

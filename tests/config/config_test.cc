@@ -113,6 +113,7 @@ TEST(ConfigDefaults, UnsetKeysTakeTheHeaderDefaults) {
   EXPECT_EQ(config.parallel.restart_backoff_ms, header_defaults.parallel.restart_backoff_ms);
   EXPECT_EQ(config.engine.max_tokens_per_rank, header_defaults.engine.max_tokens_per_rank);
   EXPECT_EQ(config.engine.dispatch_sms, header_defaults.engine.dispatch_sms);
+  EXPECT_EQ(config.engine.exchange, "gcmoe");
   EXPECT_EQ(config.balancer.passes, header_defaults.balancer.passes);
   EXPECT_EQ(config.balancer.topology, "ring");
   EXPECT_EQ(config.server.listen, header_defaults.server.listen);
@@ -125,8 +126,10 @@ TEST(ConfigValues, AcceptsEveryFormOfTheSpecialKeys) {
       MustParse(DefaultConfigText(),
                 {"balancer.passes=\"auto\"", "model.activation.clamp=null", "server.listen=[::1]:0",
                  "server.coordinator=10.0.0.1:7000", "balancer.topology=torus:1x2",
-                 "model.weights=/data/w.safetensors", "server.step_timeout_ms=5000"});
+                 "model.weights=/data/w.safetensors", "server.step_timeout_ms=5000",
+                 "engine.exchange=nccl"});
   EXPECT_FALSE(config.balancer.passes.has_value());
+  EXPECT_EQ(config.engine.exchange, "nccl");
   EXPECT_FALSE(config.model.activation_clamp.has_value());
   EXPECT_EQ(config.server.listen, "[::1]:0");
   EXPECT_EQ(config.server.coordinator, "10.0.0.1:7000");

@@ -8,6 +8,10 @@
 #include <thread>
 
 #include "balancer/balancer.h"
+#include "balancer/placement.h"
+#include "balancer/relief.h"
+#include "balancer/topology.h"
+#include "engine/nccl_comm.h"
 #include "engine/numerics.h"
 
 namespace gcmoe::engine::testing_util {
@@ -79,9 +83,17 @@ Result<std::unique_ptr<RankWorld>> RankWorld::Create(const ModelSpec& spec,
   world->spec_ = spec;
   world->options_ = options;
   const std::string instance = UniqueInstance();
+  balancer::Placement placement = balancer::ContiguousPlacement(options.world_size, spec.num_experts);
+  if (options.relief) {
+    GCMOE_ASSIGN_OR_RETURN(balancer::Topology ring, balancer::MakeRing(options.world_size));
+    const std::vector<double> uniform(spec.num_experts, 1.0);
+    GCMOE_ASSIGN_OR_RETURN(placement, balancer::FitPlacement(uniform, ring, 1));
+  }
   for (int r = 0; r < options.world_size; ++r) {
     EngineOptions e;
-    e.backend_kind = "cpu";
+    e.backend_kind = options.backend;
+    e.backend.device = r;
+    e.backend.exchange = options.exchange;
     e.backend.model = spec;
     e.backend.rank = r;
     e.backend.world_size = options.world_size;
@@ -89,10 +101,11 @@ Result<std::unique_ptr<RankWorld>> RankWorld::Create(const ModelSpec& spec,
     e.backend.threads = options.threads;
     e.backend.exchange_timeout_ms = options.exchange_timeout_ms;
     e.backend.instance = instance;
-    GCMOE_ASSIGN_OR_RETURN(
-        auto engine,
-        Engine::Create(e, balancer::CreateNoReplicationBalancer(),
-                       balancer::ContiguousPlacement(options.world_size, spec.num_experts)));
+    std::unique_ptr<balancer::Balancer> balancer = balancer::CreateNoReplicationBalancer();
+    if (options.relief) {
+      GCMOE_ASSIGN_OR_RETURN(balancer, balancer::CreateReliefBalancer({.passes = 12}));
+    }
+    GCMOE_ASSIGN_OR_RETURN(auto engine, Engine::Create(e, std::move(balancer), placement));
     world->engines_.push_back(std::move(engine));
   }
   GCMOE_RETURN_IF_ERROR(world->Reconnect());
@@ -103,7 +116,20 @@ Status RankWorld::Reconnect() {
   ++epoch_;
   std::vector<std::string> names;
   for (const auto& e : engines_) names.push_back(e->transport_name());
-  for (const auto& e : engines_) GCMOE_RETURN_IF_ERROR(e->Connect(epoch_, names));
+  engine::PeerSetup setup;
+  setup.epoch = epoch_;
+  setup.peer_names = names;
+  if (engines_[0]->needs_nccl()) {
+    GCMOE_ASSIGN_OR_RETURN(setup.nccl_unique_id, NewNcclUniqueId());
+  }
+  // Concurrently, as the rank processes do: joining an NCCL communicator is collective.
+  std::vector<Status> statuses(engines_.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < engines_.size(); ++r) {
+    threads.emplace_back([&, r] { statuses[r] = engines_[r]->Connect(setup); });
+  }
+  for (auto& t : threads) t.join();
+  for (const Status& s : statuses) GCMOE_RETURN_IF_ERROR(s);
   return Status::Ok();
 }
 
@@ -134,6 +160,7 @@ std::vector<Status> RankWorld::Step(const GlobalRequest& request, const std::vec
   const uint64_t generation = ++generation_;
   std::vector<Status> statuses(ranks.size());
   outputs->assign(P, {});
+  stats_.resize(P);
   std::vector<std::thread> threads;
   for (size_t i = 0; i < ranks.size(); ++i) {
     threads.emplace_back([&, i] {
@@ -158,7 +185,7 @@ std::vector<Status> RankWorld::Step(const GlobalRequest& request, const std::vec
       step.topk_weights = request.weights.data() + row0 * k;
       step.output_fp32 = request.output_fp32;
       StepOutput out;
-      StepStats stats;
+      StepStats& stats = stats_[r];
       statuses[i] = engines_[r]->Step(step, &out, &stats);
       (*outputs)[r] = std::move(out.output);
     });

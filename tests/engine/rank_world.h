@@ -1,5 +1,6 @@
-// P rank engines in one test process, each stepping on its own thread over the real
-// shared-memory exchange: the multi-rank engine without the gRPC layers around it.
+// P rank engines in one test process, each stepping on its own thread over the real exchange
+// (shared memory on the CPU backend; peer access or NCCL on the CUDA backend, rank r on GPU r):
+// the multi-rank engine without the gRPC layers around it.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,11 @@ struct WorldOptions {
   int capacity = 1024;  // tokens per rank
   int threads = 1;      // CPU threads per rank
   int exchange_timeout_ms = 5000;
+  std::string backend = "cpu";     // "cpu" | "cuda" (rank r on device r)
+  std::string exchange = "gcmoe";  // cuda: "gcmoe" | "nccl"
+  // Relief over a placement that replicates each rank's first expert on its ring neighbour
+  // (else every expert has one copy and nothing is balanced).
+  bool relief = false;
 };
 
 class RankWorld {
@@ -55,6 +61,8 @@ class RankWorld {
   std::vector<Status> StepSome(const GlobalRequest& request, const std::vector<int>& ranks);
 
   Engine& engine(int rank) { return *engines_[rank]; }
+  // The statistics of rank r's last step.
+  const StepStats& last_stats(int rank) const { return stats_[rank]; }
   Status Reconnect();  // a new epoch, as after a failed step
   uint64_t next_generation() const { return generation_ + 1; }
 
@@ -66,6 +74,7 @@ class RankWorld {
   ModelSpec spec_;
   WorldOptions options_;
   std::vector<std::unique_ptr<Engine>> engines_;
+  std::vector<StepStats> stats_;
   uint64_t generation_ = 0;
   uint64_t epoch_ = 0;
 };

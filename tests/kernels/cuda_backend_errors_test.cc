@@ -19,12 +19,26 @@ BackendOptions Options() {
   return o;
 }
 
-TEST(CudaBackendCreate, MoreThanOneRankIsUnimplemented) {
+TEST(CudaBackendCreate, RanksOutsideOneHostAreRejected) {
+  // Checked before any device is touched, so the same answer with or without a GPU.
+  for (const auto& [world, rank] : {std::pair{9, 0}, std::pair{2, 2}, std::pair{2, -1}}) {
+    BackendOptions o = Options();
+    o.world_size = world;
+    o.rank = rank;
+    auto backend = CreateCudaBackend(o);
+    ASSERT_FALSE(backend.ok());
+    EXPECT_EQ(backend.status().code(), StatusCode::kInvalidArgument) << backend.status().ToString();
+    EXPECT_NE(backend.status().message().find("GPU ranks"), std::string::npos);
+  }
+}
+
+TEST(CudaBackendCreate, UnknownExchangeIsRejected) {
   BackendOptions o = Options();
-  o.world_size = 2;
+  o.exchange = "mpi";
   auto backend = CreateCudaBackend(o);
   ASSERT_FALSE(backend.ok());
-  EXPECT_EQ(backend.status().code(), StatusCode::kUnimplemented) << backend.status().ToString();
+  EXPECT_EQ(backend.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(backend.status().message().find("engine.exchange"), std::string::npos);
 }
 
 TEST(CudaBackendCreate, HiddenNotAMultipleOf128IsRejected) {

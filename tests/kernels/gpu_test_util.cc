@@ -121,7 +121,7 @@ std::unique_ptr<BackendPair> BackendPair::Create(const engine::ModelSpec& spec, 
   pair->cpu_ = std::move(cpu).value();
   EXPECT_TRUE(pair->cpu_->LoadExperts(weights, all).ok());
   const std::string cpu_name = pair->cpu_->transport_name();
-  EXPECT_TRUE(pair->cpu_->ConnectPeers(1, std::span<const std::string>(&cpu_name, 1)).ok());
+  EXPECT_TRUE(pair->cpu_->ConnectPeers(engine::PeerSetup{1, {cpu_name}, ""}).ok());
 
   std::vector<std::pair<std::string, std::string>> saved;
   for (const std::string& setting : cuda_env) {
@@ -144,7 +144,7 @@ std::unique_ptr<BackendPair> BackendPair::Create(const engine::ModelSpec& spec, 
   const Status loaded = pair->cuda_->LoadExperts(weights, all);
   EXPECT_TRUE(loaded.ok()) << loaded.ToString();
   const std::string cuda_name = pair->cuda_->transport_name();
-  EXPECT_TRUE(pair->cuda_->ConnectPeers(1, std::span<const std::string>(&cuda_name, 1)).ok());
+  EXPECT_TRUE(pair->cuda_->ConnectPeers(engine::PeerSetup{1, {cuda_name}, ""}).ok());
   return pair;
 }
 
