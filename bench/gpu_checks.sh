@@ -5,8 +5,11 @@
 #   bench/gpu_checks.sh [STAGE...]     stages: sass ctest sanitizer bench peer serve variants
 #                                      ablate ncu multi ep (default: the first six)
 #
-# multi and ep need two or more GPUs: multi runs the multi-GPU test and the multi-rank serve
-# check, ep `gcmoe bench ep` on every GPU (EP_CONFIG, default the GLM-5.2 layer).
+# multi, ep and race need two or more GPUs: multi runs the multi-GPU test and the multi-rank
+# serve check, ep `gcmoe bench ep` on every GPU (EP_CONFIG, default the GLM-5.2 layer), race the
+# matrix that narrows down the two-rank wrong outputs (docs/PERFORMANCE.md, "Multi-GPU"): each
+# role2 kernel, roles overlapped or in sequence, every output checked against repeats and, at
+# small T, the CPU backend (GCMOE_CUDA_OVERLAP_P=1 lifts the P > 1 sequential default).
 #
 # Environment: BUNDLE (default .device), OUT (logs; default /tmp/gcmoe-gpu-checks),
 # GCMOE_CUDA_GEMM (role2 kernel for ctest/bench: stream default, wgmma, mma), TOKENS (bench).
@@ -181,6 +184,24 @@ if has ep; then
   rc=$?
   cat "$OUT/ep.txt"; tail -5 "$OUT/ep.log"
   note ep "$rc" "$(tail -1 "$OUT/ep.txt")"
+fi
+
+if has race; then
+  EP_CONFIG=${EP_CONFIG:-config/examples/glm-5.2-ep8.json}
+  : > "$OUT/race.txt"
+  for gemm in stream wgmma mma; do
+    for overlap in 1 0; do
+      name="$gemm-overlap$overlap"
+      GCMOE_CUDA_GEMM=$gemm GCMOE_CUDA_OVERLAP_P=$overlap timeout 120 "$GCMOE" bench ep \
+        --config "$EP_CONFIG" --ranks "$GPUS" --tokens-per-rank 1,2,4,16 --replays 5 --warmup 1 \
+        --repeat 4 --check-cpu 2 > "$OUT/race-$name.txt" 2> "$OUT/race-$name.log"
+      rc=$?
+      printf '%-18s rc %d  wrong-vs-cpu %3d  repeat-differs %3d\n' "$name" "$rc" \
+        "$(grep -c 'CPU backend (max 0.0[3-9]\|CPU backend (max 0.[1-9]' "$OUT/race-$name.log")" \
+        "$(grep -c 'same step differs' "$OUT/race-$name.log")" | tee -a "$OUT/race.txt"
+    done
+  done
+  note race 0 "$(tr '\n' ';' < "$OUT/race.txt")"
 fi
 
 echo "==== summary ($(date -u +%F))"

@@ -140,7 +140,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   // from the CPU backend in some steps with the roles overlapped, and with role2 on all 132
   // SMs; in sequence on the compute partition they matched (docs/PERFORMANCE.md, "Multi-GPU").
   // Until that is understood, overlap stays a one-GPU feature.
-  graph_options.sequential = EnvInt("GCMOE_CUDA_SEQUENTIAL", 0) != 0 || options.world_size > 1;
+  // GCMOE_CUDA_OVERLAP_P=1 lifts that, to reproduce it (bench/gpu_checks.sh race).
+  graph_options.sequential =
+      EnvInt("GCMOE_CUDA_SEQUENTIAL", 0) != 0 ||
+      (options.world_size > 1 && EnvInt("GCMOE_CUDA_OVERLAP_P", 0) == 0);
   graph_options.timeout_ns =
       static_cast<uint64_t>(std::max(1, EnvInt("GCMOE_CUDA_WAIT_TIMEOUT_MS", 5000))) * 1000000ull;
   graph_options.record_sm_ids = EnvInt("GCMOE_CUDA_RECORD_SM_IDS", 0) != 0;

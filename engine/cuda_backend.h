@@ -15,6 +15,7 @@
 //   GCMOE_CUDA_RING_BLOCKS=N     ring slots per graph (default: no slot reuse within a step)
 //   GCMOE_CUDA_SEQUENTIAL=1      roles one after the other (tools that serialize kernels;
 //                                always so with P > 1, see Create)
+//   GCMOE_CUDA_OVERLAP_P=1       overlapped roles with P > 1 too (to reproduce the problem)
 //   GCMOE_CUDA_WAIT_TIMEOUT_MS=N device spin-wait limit (default 5000)
 //   GCMOE_CUDA_RECORD_SM_IDS=1   role1/role2 CTAs log their SM (ReadSmIds)
 //   GCMOE_CUDA_GEMM=K            role2 kernel: stream (default: warp-specialized bulk-copy
