@@ -465,100 +465,14 @@ Status CudaBackend::CheckStep(const StepContext& ctx) const {
   return Status::Ok();
 }
 
-int64_t CudaBackend::RowsHere(const StepPlan& plan) const {
-  int64_t rows = 0;
-  for (int e = 0; e < plan.num_experts; ++e) {
-    if (plan.home[e] == options_.rank) rows += plan.home_tokens[e];
-    if (plan.host[e] == options_.rank) rows += plan.expert_tokens[e] - plan.home_tokens[e];
-  }
-  return rows;
-}
-
-// Every rank's receive index lists, expert after expert (ascending id), the positions of each
-// expert it computes (its home share or its host share). Role1 writes entries into the
-// computing rank's index, so the bases of every rank are derived here, identically on every
-// rank; this rank's blocks cut its own index into ring blocks.
-int64_t CudaBackend::BuildTables(const StepContext& ctx, int bm) {
-  const StepPlan& plan = *ctx.plan;
-  const int E = options_.model.num_experts;
-  const int me = options_.rank;
-  routes_.resize(E);
-  blocks_.clear();
-  std::vector<int64_t> cursor(options_.world_size, 0);
-  for (int e = 0; e < E; ++e) {
-    const int64_t total = plan.expert_tokens[e];
-    const int64_t at_home = plan.home_tokens[e];
-    kernels::ExpertRoute& r = routes_[e];
-    r = kernels::ExpertRoute{};
-    r.home_rank = plan.home[e];
-    r.host_rank = plan.host[e];
-    r.home_tokens = static_cast<int32_t>(at_home);
-    r.src_offset = static_cast<int32_t>(plan.src_offset[static_cast<size_t>(me) * E + e]);
-    r.first_block = static_cast<int32_t>(blocks_.size());
-    r.home_base = static_cast<int32_t>(cursor[plan.home[e]]);
-    cursor[plan.home[e]] += at_home;
-    if (plan.host[e] >= 0) {
-      r.host_base = static_cast<int32_t>(cursor[plan.host[e]]);
-      cursor[plan.host[e]] += total - at_home;
-    }
-    const int64_t base = plan.home[e] == me ? r.home_base : r.host_base;
-    const int64_t mine = plan.home[e] == me   ? at_home
-                         : plan.host[e] == me ? total - at_home
-                                              : 0;
-    for (int64_t b = 0; b < mine; b += bm) {
-      blocks_.push_back(kernels::RingBlock{slot_of_[e], static_cast<int32_t>(base + b),
-                                           static_cast<int32_t>(std::min<int64_t>(bm, mine - b)),
-                                           0});
-    }
-  }
-  return cursor[me];
-}
-
-// The baseline's send records are grouped by computing rank, then expert, then position;
-// what source q sends this rank follows the same rule, so both sides know every count.
-void CudaBackend::BuildAllToAllCounts(const StepPlan& plan) {
-  const int E = options_.model.num_experts;
+// The baseline's NCCL rounds in bytes: records out and in, then the partials back the way
+// their records came (this rank's own stay where role2 put them).
+void CudaBackend::SetAllToAllBytes() {
   const int P = options_.world_size;
   const int me = options_.rank;
   const int64_t record = kernels::A2aRecordBytes(options_.model.hidden);
   const int64_t row = static_cast<int64_t>(options_.model.hidden) * 2;
-  // Assignments of source q's expert e that go to its home and host copies.
-  auto shares = [&](int q, int e, int64_t* home, int64_t* host) {
-    const int64_t begin = plan.src_offset[static_cast<size_t>(q) * E + e];
-    const int64_t end =
-        q + 1 < P ? plan.src_offset[static_cast<size_t>(q + 1) * E + e] : plan.expert_tokens[e];
-    *home = std::clamp<int64_t>(plan.home_tokens[e] - begin, 0, end - begin);
-    *host = (end - begin) - *home;
-  };
-  std::vector<int64_t> send_count(P, 0), recv_count(P, 0);
-  for (int q = 0; q < P; ++q) {
-    for (int e = 0; e < E; ++e) {
-      int64_t home = 0, host = 0;
-      shares(q, e, &home, &host);
-      if (q == me) {
-        send_count[plan.home[e]] += home;
-        if (host > 0) send_count[plan.host[e]] += host;
-      }
-      if (plan.home[e] == me) recv_count[q] += home;
-      if (plan.host[e] == me) recv_count[q] += host;
-    }
-  }
-  std::vector<int64_t> send_start(P, 0), recv_start(P, 0);
-  for (int q = 1; q < P; ++q) {
-    send_start[q] = send_start[q - 1] + send_count[q - 1];
-    recv_start[q] = recv_start[q - 1] + recv_count[q - 1];
-  }
-  std::vector<int64_t> cursor = send_start;
-  for (int e = 0; e < E; ++e) {
-    int64_t home = 0, host = 0;
-    shares(me, e, &home, &host);
-    routes_[e].send_home = static_cast<int32_t>(cursor[plan.home[e]]);
-    cursor[plan.home[e]] += home;
-    if (plan.host[e] >= 0) {
-      routes_[e].send_host = static_cast<int32_t>(cursor[plan.host[e]]);
-      cursor[plan.host[e]] += host;
-    }
-  }
+  const GpuStepTables& t = tables_;
   send_offsets_.assign(P, 0);
   send_bytes_.assign(P, 0);
   recv_offsets_.assign(P, 0);
@@ -568,18 +482,15 @@ void CudaBackend::BuildAllToAllCounts(const StepPlan& plan) {
   ret_recv_offsets_.assign(P, 0);
   ret_recv_bytes_.assign(P, 0);
   for (int q = 0; q < P; ++q) {
-    send_offsets_[q] = send_start[q] * record;
-    send_bytes_[q] = send_count[q] * record;
-    recv_offsets_[q] = recv_start[q] * record;
-    recv_bytes_[q] = recv_count[q] * record;
-    // Partials return the way their records came; this rank's own stay where role2 put them.
-    ret_send_offsets_[q] = recv_start[q] * row;
-    ret_send_bytes_[q] = q == me ? 0 : recv_count[q] * row;
-    ret_recv_offsets_[q] = send_start[q] * row;
-    ret_recv_bytes_[q] = q == me ? 0 : send_count[q] * row;
+    send_offsets_[q] = t.send_start[q] * record;
+    send_bytes_[q] = t.send_count[q] * record;
+    recv_offsets_[q] = t.recv_start[q] * record;
+    recv_bytes_[q] = t.recv_count[q] * record;
+    ret_send_offsets_[q] = t.recv_start[q] * row;
+    ret_send_bytes_[q] = q == me ? 0 : t.recv_count[q] * row;
+    ret_recv_offsets_[q] = t.send_start[q] * row;
+    ret_recv_bytes_[q] = q == me ? 0 : t.send_count[q] * row;
   }
-  header_.a2a_send_rows = static_cast<int32_t>(send_start[P - 1] + send_count[P - 1]);
-  header_.a2a_recv_rows = static_cast<int32_t>(recv_start[P - 1] + recv_count[P - 1]);
 }
 
 Status CudaBackend::Sync(const char* what, uint64_t generation) {
@@ -653,18 +564,24 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   if (T == 0 && options_.world_size == 1) return Status::Ok();
 
   // Block size from the expected tokens per held expert; rows from the plan.
-  const int bm = ChooseBlockRows(RowsHere(*ctx.plan));
-  const int64_t rows = BuildTables(ctx, bm);
+  const int bm = ChooseBlockRows(RowsComputedBy(*ctx.plan, options_.rank));
+  BuildGpuStepTables(*ctx.plan, options_.rank, slot_of_, bm, &tables_);
+  const int64_t rows = tables_.rows;
+  const std::vector<kernels::RingBlock>& blocks = tables_.blocks;
+  const std::vector<kernels::ExpertRoute>& routes = tables_.routes;
   last_bm_ = bm;
 
-  kernels::StepHeader& header = header_;
-  header = kernels::StepHeader{};
-  if (alltoall_) BuildAllToAllCounts(*ctx.plan);
+  kernels::StepHeader header{};
+  if (alltoall_) {
+    SetAllToAllBytes();
+    header.a2a_send_rows = static_cast<int32_t>(tables_.sent());
+    header.a2a_recv_rows = static_cast<int32_t>(tables_.received());
+  }
   header.generation = ctx.generation;
   header.num_tokens = T;
   header.in_dtype = InputDType(ctx.hidden.dtype);
   header.out_fp32 = ctx.output_fp32 ? 1 : 0;
-  header.num_blocks = static_cast<int32_t>(blocks_.size());
+  header.num_blocks = static_cast<int32_t>(blocks.size());
   header.num_shared_blocks = m.has_shared() ? (T + bm - 1) / bm : 0;
   const LayerWeights& lw = layers_[ctx.layer];
   header.w1 = static_cast<const uint8_t*>(lw.w1);
@@ -676,13 +593,13 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   const size_t in_bytes = static_cast<size_t>(T) * H * DTypeBytes(ctx.hidden.dtype);
   cudaError_t err =
       cudaMemcpyAsync(graph_->header(), &header, sizeof(header), cudaMemcpyHostToDevice, s);
-  if (err == cudaSuccess && !blocks_.empty()) {
-    err = cudaMemcpyAsync(graph_->blocks(), blocks_.data(),
-                          blocks_.size() * sizeof(kernels::RingBlock), cudaMemcpyHostToDevice, s);
+  if (err == cudaSuccess && !blocks.empty()) {
+    err = cudaMemcpyAsync(graph_->blocks(), blocks.data(),
+                          blocks.size() * sizeof(kernels::RingBlock), cudaMemcpyHostToDevice, s);
   }
   if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(graph_->routes(), routes_.data(),
-                          routes_.size() * sizeof(kernels::ExpertRoute), cudaMemcpyHostToDevice, s);
+    err = cudaMemcpyAsync(graph_->routes(), routes.data(),
+                          routes.size() * sizeof(kernels::ExpertRoute), cudaMemcpyHostToDevice, s);
   }
   if (err == cudaSuccess && T > 0) {
     err =

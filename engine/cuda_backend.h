@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/gpu_step_tables.h"
 #include "engine/nccl_comm.h"
 #include "kernels/layer_graph.h"
 
@@ -84,12 +85,8 @@ class CudaBackend final : public Backend {
 
   CudaBackend(const BackendOptions& options, std::unique_ptr<kernels::LayerGraph> graph);
   Status CheckStep(const StepContext& ctx) const;
-  // Routed rows this rank computes in the step.
-  int64_t RowsHere(const StepPlan& plan) const;
-  // Fills the host copies of the step tables from the plan; returns the routed rows.
-  int64_t BuildTables(const StepContext& ctx, int bm);
-  // The all-to-all baseline's record counts per peer, from the plan.
-  void BuildAllToAllCounts(const StepPlan& plan);
+  // The all-to-all baseline's NCCL rounds in bytes, from tables_.
+  void SetAllToAllBytes();
   // One replay: the graph, or the baseline's stages and NCCL rounds.
   cudaError_t Launch(int bm, Status* nccl_status);
   Status SelectDevice() const;
@@ -112,11 +109,9 @@ class CudaBackend final : public Backend {
   std::string ipc_name_;              // transport_name()
 
   // Host copies of the step tables, storage reused.
-  std::vector<kernels::ExpertRoute> routes_;
-  std::vector<kernels::RingBlock> blocks_;
+  GpuStepTables tables_;
   std::vector<int64_t> send_offsets_, send_bytes_, recv_offsets_, recv_bytes_;  // [P] bytes
   std::vector<int64_t> ret_send_offsets_, ret_send_bytes_, ret_recv_offsets_, ret_recv_bytes_;
-  kernels::StepHeader header_{};  // the last step's
 };
 
 }  // namespace gcmoe::engine

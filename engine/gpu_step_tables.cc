@@ -1,0 +1,101 @@
+#include "engine/gpu_step_tables.h"
+
+#include <algorithm>
+
+namespace gcmoe::engine {
+namespace {
+
+// Source q's assignments of expert e computed by its home copy and by its host copy.
+void Shares(const StepPlan& plan, int q, int e, int64_t* home, int64_t* host) {
+  const int E = plan.num_experts;
+  const int64_t begin = plan.src_offset[static_cast<size_t>(q) * E + e];
+  const int64_t end = q + 1 < plan.world_size ? plan.src_offset[static_cast<size_t>(q + 1) * E + e]
+                                              : plan.expert_tokens[e];
+  *home = std::clamp<int64_t>(plan.home_tokens[e] - begin, 0, end - begin);
+  *host = (end - begin) - *home;
+}
+
+}  // namespace
+
+int64_t RowsComputedBy(const StepPlan& plan, int rank) {
+  int64_t rows = 0;
+  for (int e = 0; e < plan.num_experts; ++e) {
+    if (plan.home[e] == rank) rows += plan.home_tokens[e];
+    if (plan.host[e] == rank) rows += plan.expert_tokens[e] - plan.home_tokens[e];
+  }
+  return rows;
+}
+
+void BuildGpuStepTables(const StepPlan& plan, int rank, std::span<const int> slot_of, int bm,
+                        GpuStepTables* tables) {
+  const int E = plan.num_experts;
+  const int P = plan.world_size;
+  std::vector<kernels::ExpertRoute>& routes = tables->routes;
+  std::vector<kernels::RingBlock>& blocks = tables->blocks;
+  routes.assign(E, kernels::ExpertRoute{});
+  blocks.clear();
+
+  // Receive-index bases of every rank: a running cursor per rank over the experts.
+  std::vector<int64_t> cursor(P, 0);
+  for (int e = 0; e < E; ++e) {
+    const int64_t total = plan.expert_tokens[e];
+    const int64_t at_home = plan.home_tokens[e];
+    kernels::ExpertRoute& r = routes[e];
+    r.home_rank = plan.home[e];
+    r.host_rank = plan.host[e];
+    r.home_tokens = static_cast<int32_t>(at_home);
+    r.src_offset = static_cast<int32_t>(plan.src_offset[static_cast<size_t>(rank) * E + e]);
+    r.first_block = static_cast<int32_t>(blocks.size());
+    r.home_base = static_cast<int32_t>(cursor[plan.home[e]]);
+    cursor[plan.home[e]] += at_home;
+    if (plan.host[e] >= 0) {
+      r.host_base = static_cast<int32_t>(cursor[plan.host[e]]);
+      cursor[plan.host[e]] += total - at_home;
+    }
+    const int64_t base = plan.home[e] == rank ? r.home_base : r.host_base;
+    const int64_t mine = plan.home[e] == rank   ? at_home
+                         : plan.host[e] == rank ? total - at_home
+                                                : 0;
+    for (int64_t b = 0; b < mine; b += bm) {
+      blocks.push_back(kernels::RingBlock{slot_of[e], static_cast<int32_t>(base + b),
+                                          static_cast<int32_t>(std::min<int64_t>(bm, mine - b)),
+                                          0});
+    }
+  }
+  tables->rows = cursor[rank];
+
+  // The baseline's records.
+  tables->send_count.assign(P, 0);
+  tables->recv_count.assign(P, 0);
+  for (int q = 0; q < P; ++q) {
+    for (int e = 0; e < E; ++e) {
+      int64_t home = 0, host = 0;
+      Shares(plan, q, e, &home, &host);
+      if (q == rank) {
+        tables->send_count[plan.home[e]] += home;
+        if (host > 0) tables->send_count[plan.host[e]] += host;
+      }
+      if (plan.home[e] == rank) tables->recv_count[q] += home;
+      if (plan.host[e] == rank) tables->recv_count[q] += host;
+    }
+  }
+  tables->send_start.assign(P, 0);
+  tables->recv_start.assign(P, 0);
+  for (int q = 1; q < P; ++q) {
+    tables->send_start[q] = tables->send_start[q - 1] + tables->send_count[q - 1];
+    tables->recv_start[q] = tables->recv_start[q - 1] + tables->recv_count[q - 1];
+  }
+  std::vector<int64_t> send_cursor = tables->send_start;
+  for (int e = 0; e < E; ++e) {
+    int64_t home = 0, host = 0;
+    Shares(plan, rank, e, &home, &host);
+    routes[e].send_home = static_cast<int32_t>(send_cursor[plan.home[e]]);
+    send_cursor[plan.home[e]] += home;
+    if (plan.host[e] >= 0) {
+      routes[e].send_host = static_cast<int32_t>(send_cursor[plan.host[e]]);
+      send_cursor[plan.host[e]] += host;
+    }
+  }
+}
+
+}  // namespace gcmoe::engine

@@ -1,0 +1,165 @@
+// The CUDA backend's step tables on random multi-rank steps, checked against an independent
+// simulation of what the kernels do with them (no GPU needed):
+//   - role1 numbers each source's assignments of an expert in the global order and writes each
+//     into the receive index of the rank that computes it: every computing rank must receive
+//     exactly the rows 0..rows-1, each once, and each row must lie in a ring block of that
+//     rank holding the expert's weights;
+//   - the NCCL baseline packs each assignment at its place in the send records and unpacks it
+//     into the ring: the send places of a source must be a permutation inside the span of
+//     their destination, what q sends r must equal what r expects from q, and the unpacked
+//     ring row must be the row of the block that holds the receive row.
+#include "engine/gpu_step_tables.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "balancer/balancer.h"
+#include "balancer/placement.h"
+#include "balancer/topology.h"
+
+namespace gcmoe::engine {
+namespace {
+
+struct RandomStep {
+  balancer::Placement placement;
+  StepPlan plan;
+  std::vector<int64_t> counts;  // [P, E]
+};
+
+RandomStep MakeStep(int P, int E, std::mt19937_64* rng) {
+  RandomStep step;
+  std::vector<double> load(E);
+  for (double& l : load) l = std::uniform_real_distribution<double>(0.1, 3.0)(*rng);
+  if (P == 1) {
+    step.placement = balancer::ContiguousPlacement(1, E);
+  } else {
+    auto ring = balancer::MakeRing(P);
+    EXPECT_TRUE(ring.ok());
+    auto fitted = balancer::FitPlacement(load, *ring, static_cast<int>((*rng)() % 3));
+    EXPECT_TRUE(fitted.ok()) << fitted.status().ToString();
+    step.placement = *fitted;
+  }
+  std::vector<int> tokens(P);
+  step.counts.assign(static_cast<size_t>(P) * E, 0);
+  std::vector<int64_t> totals(E, 0);
+  for (int q = 0; q < P; ++q) {
+    tokens[q] = static_cast<int>((*rng)() % 40);  // some ranks without tokens
+    for (int t = 0; t < tokens[q]; ++t) {
+      std::set<int> chosen;  // up to 4 distinct experts per token, some slots unused
+      for (int j = 0; j < 4; ++j) {
+        if ((*rng)() % 5 != 0) chosen.insert(static_cast<int>((*rng)() % E));
+      }
+      for (int e : chosen) {
+        ++step.counts[static_cast<size_t>(q) * E + e];
+        ++totals[e];
+      }
+    }
+  }
+  // Any split in range: all home, all host, or anything between.
+  balancer::Split split;
+  split.home_tokens = totals;
+  for (int e = 0; e < E; ++e) {
+    if (step.placement.host[e] >= 0) {
+      split.home_tokens[e] = static_cast<int64_t>((*rng)() % (totals[e] + 1));
+    }
+  }
+  const Status s = BuildStepPlan(tokens, step.counts, E, step.placement, split, &step.plan);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return step;
+}
+
+TEST(GpuStepTables, RoutingAndPackingAgreeWithTheKernelsOnRandomSteps) {
+  std::mt19937_64 rng(20261129);
+  int steps = 0;
+  for (int P : {1, 2, 3, 4, 8}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      const int E = 8 + static_cast<int>(rng() % 25);
+      const int bm = 8 << (rng() % 4);
+      const RandomStep step = MakeStep(P, E, &rng);
+      const StepPlan& plan = step.plan;
+      // Local slots: the held experts in ascending order, as the engine loads them.
+      std::vector<std::vector<int>> slot_of(P, std::vector<int>(E, -1));
+      for (int r = 0; r < P; ++r) {
+        const std::vector<int> held = step.placement.ExpertsOnRank(r);
+        for (size_t i = 0; i < held.size(); ++i) slot_of[r][held[i]] = static_cast<int>(i);
+      }
+      std::vector<GpuStepTables> tables(P);
+      for (int r = 0; r < P; ++r) BuildGpuStepTables(plan, r, slot_of[r], bm, &tables[r]);
+
+      // Role1: every source routes its assignments into the computing ranks' indexes.
+      std::vector<std::vector<int>> received(P);   // receive rows written, per target
+      std::vector<std::vector<int>> expert_of(P);  // which expert each row carries
+      for (int r = 0; r < P; ++r) {
+        received[r].assign(static_cast<size_t>(tables[r].rows), 0);
+        expert_of[r].assign(static_cast<size_t>(tables[r].rows), -1);
+      }
+      for (int q = 0; q < P; ++q) {
+        std::vector<int> sent_at(static_cast<size_t>(tables[q].sent()), 0);
+        for (int e = 0; e < E; ++e) {
+          const kernels::ExpertRoute& route = tables[q].routes[e];
+          ASSERT_EQ(route.src_offset, plan.src_offset[static_cast<size_t>(q) * E + e]);
+          for (int64_t i = 0; i < step.counts[static_cast<size_t>(q) * E + e]; ++i) {
+            const int position = route.src_offset + static_cast<int>(i);
+            const bool at_home = position < route.home_tokens;
+            const int target = at_home ? route.home_rank : route.host_rank;
+            ASSERT_GE(target, 0) << "P " << P << " expert " << e << " position " << position;
+            ASSERT_EQ(target, plan.ComputeRank(e, position));
+            const int index =
+                at_home ? route.home_base + position : route.host_base + (position - route.home_tokens);
+            ASSERT_GE(index, 0);
+            ASSERT_LT(index, tables[target].rows) << "P " << P << " expert " << e;
+            ++received[target][index];
+            expert_of[target][index] = e;
+            // The baseline's send place of the same assignment.
+            const int send = at_home ? route.send_home + (position - route.src_offset)
+                                     : route.send_host +
+                                           (position - std::max(route.src_offset, route.home_tokens));
+            ASSERT_GE(send, tables[q].send_start[target]);
+            ASSERT_LT(send, tables[q].send_start[target] + tables[q].send_count[target]);
+            ++sent_at[send];
+            // Unpacked at the target: the ring row of the block holding `index`.
+            const kernels::ExpertRoute& there = tables[target].routes[e];
+            const int base = there.home_rank == target ? there.home_base : there.host_base;
+            const int64_t ring_row = static_cast<int64_t>(there.first_block) * bm + (index - base);
+            const kernels::RingBlock& block = tables[target].blocks[ring_row / bm];
+            ASSERT_LT(ring_row % bm, block.rows);
+            ASSERT_EQ(block.row_begin + ring_row % bm, index);
+            ASSERT_EQ(block.local_slot, slot_of[target][e]) << "expert " << e << " not held there";
+          }
+        }
+        for (int v : sent_at) ASSERT_EQ(v, 1) << "source " << q << ": a send place used " << v;
+        for (int r = 0; r < P; ++r) {
+          ASSERT_EQ(tables[q].send_count[r], tables[r].recv_count[q]) << q << " -> " << r;
+        }
+      }
+      int64_t all_rows = 0;
+      for (int r = 0; r < P; ++r) {
+        ASSERT_EQ(tables[r].rows, RowsComputedBy(plan, r));
+        all_rows += tables[r].rows;
+        for (int v : received[r]) ASSERT_EQ(v, 1) << "rank " << r << ": a receive row written " << v;
+        // The blocks cut the receive index in order, one expert each, at most BM rows.
+        int64_t next = 0;
+        for (const kernels::RingBlock& b : tables[r].blocks) {
+          ASSERT_EQ(b.row_begin, next);
+          ASSERT_GE(b.rows, 1);
+          ASSERT_LE(b.rows, bm);
+          for (int i = 0; i < b.rows; ++i) {
+            ASSERT_EQ(slot_of[r][expert_of[r][b.row_begin + i]], b.local_slot);
+          }
+          next += b.rows;
+        }
+        ASSERT_EQ(next, tables[r].rows);
+      }
+      ASSERT_EQ(all_rows, std::accumulate(step.counts.begin(), step.counts.end(), int64_t{0}));
+      ++steps;
+    }
+  }
+  EXPECT_EQ(steps, 200);
+}
+
+}  // namespace
+}  // namespace gcmoe::engine
