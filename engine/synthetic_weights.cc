@@ -2,17 +2,13 @@
 
 #include <cmath>
 
+#include "common/splitmix64.h"
+
 namespace gcmoe::engine {
 namespace {
 
-constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ull;  // splitmix64's increment
-
-// splitmix64's output function: a bijective 64-bit mixer.
-uint64_t Mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+constexpr uint64_t kGamma = kSplitMixGamma;
+constexpr uint64_t Mix(uint64_t z) { return SplitMixMix(z); }
 
 // One key per (seed, layer, expert, matrix); values are Mix(key + (index + 1) * gamma), the
 // splitmix64 sequence of that key read at any position.

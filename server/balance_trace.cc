@@ -6,17 +6,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/splitmix64.h"
+
 namespace gcmoe::server {
 namespace {
 
 using nlohmann::json;
-
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 Result<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -222,8 +217,8 @@ Result<Trace> LoadOlmoe(const std::string& path, const json& doc, const TraceOpt
       for (double x : c) record.mean_load.push_back(x / sum * options.batch * top_k);
       const uint64_t record_index = trace.records.size();
       for (int s = 0; s < steps; ++s) {
-        uint64_t seed_state = options.seed ^ (record_index * 0x100000001B3ull);
-        const uint64_t step_seed = SplitMix64(seed_state) + static_cast<uint64_t>(s);
+        SplitMix64 seeds(options.seed ^ (record_index * 0x100000001B3ull));
+        const uint64_t step_seed = seeds.Next() + static_cast<uint64_t>(s);
         record.steps.push_back(SampleStep(c, top_k, options.batch, step_seed));
       }
       trace.records.push_back(std::move(record));
@@ -245,14 +240,14 @@ std::vector<int64_t> SampleStep(std::span<const double> counts, int top_k, int b
   std::vector<int64_t> step(e_count, 0);
   std::vector<char> taken(e_count, 0);
   std::vector<int> drawn;
-  uint64_t state = seed;
+  SplitMix64 rng(seed);
   double all = 0;
   for (double c : counts) all += c;
   for (int token = 0; token < batch; ++token) {
     double remaining = all;
     drawn.clear();
     for (int k = 0; k < top_k && remaining > 0; ++k) {
-      const double u = static_cast<double>(SplitMix64(state) >> 11) * 0x1.0p-53;
+      const double u = rng.Uniform01();
       const double target = u * remaining;
       int pick = -1;
       double cumulative = 0;

@@ -3,23 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/splitmix64.h"
+
 namespace gcmoe::server {
 namespace {
 
-// splitmix64: a fast, well-mixed stream per (seed, tensor).
-class Stream {
- public:
-  explicit Stream(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-
- private:
-  uint64_t state_;
-};
+// One splitmix64 stream per (seed, tensor).
+using Stream = SplitMix64;
 
 uint64_t TensorSeed(uint64_t seed, int layer, int expert, int tensor) {
   return seed * 0x100000001B3ull ^ (static_cast<uint64_t>(layer) << 40) ^

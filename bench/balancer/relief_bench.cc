@@ -20,6 +20,7 @@
 #include "balancer/lp_oracle.h"
 #include "balancer/placement.h"
 #include "balancer/relief.h"
+#include "common/splitmix64.h"
 
 namespace gcmoe::balancer {
 namespace {
@@ -29,23 +30,14 @@ constexpr int kReplicasPerRank = 2;
 constexpr int kPasses = 12;
 
 // SplitMix64 with Box-Muller: fixed, library-independent instances.
-class Rng {
+class Rng : public SplitMix64 {
  public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  using SplitMix64::SplitMix64;
+  double Uniform() { return Uniform01(); }
   double Normal() {
     const double u = std::max(Uniform(), 1e-300);
     return std::sqrt(-2.0 * std::log(u)) * std::cos(6.283185307179586 * Uniform());
   }
-
- private:
-  uint64_t state_;
 };
 
 struct Instance {

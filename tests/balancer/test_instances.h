@@ -10,28 +10,20 @@
 #include "balancer/balancer.h"
 #include "balancer/placement.h"
 #include "balancer/topology.h"
+#include "common/splitmix64.h"
 
 namespace gcmoe::balancer::testing {
 
-class Rng {
+class Rng : public SplitMix64 {
  public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  using SplitMix64::SplitMix64;
   int Uniform(int lo, int hi) { return lo + static_cast<int>(Next() % static_cast<uint64_t>(hi - lo + 1)); }
-  double Real() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  double Real() { return Uniform01(); }
   // Log-normal, sigma 1: skewed like expert popularity.
   double Skewed() {
     const double u = std::max(Real(), 1e-300);
     return std::exp(std::sqrt(-2.0 * std::log(u)) * std::cos(6.283185307179586 * Real()));
   }
-
- private:
-  uint64_t state_;
 };
 
 // Any valid placement: homes uniform, about half the experts replicated to a random other rank
