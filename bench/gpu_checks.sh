@@ -197,7 +197,7 @@ if has race; then
         --repeat 4 --check-cpu 2 > "$OUT/race-$name.txt" 2> "$OUT/race-$name.log"
       rc=$?
       printf '%-18s rc %d  wrong-vs-cpu %3d  repeat-differs %3d\n' "$name" "$rc" \
-        "$(grep -c 'CPU backend (max 0.0[3-9]\|CPU backend (max 0.[1-9]' "$OUT/race-$name.log")" \
+        "$(grep -c 'CPU backend: .*max |diff| \(0\.0[3-9]\|0\.[1-9]\|[1-9]\)' "$OUT/race-$name.log")" \
         "$(grep -c 'same step differs' "$OUT/race-$name.log")" | tee -a "$OUT/race.txt"
     done
   done

@@ -249,4 +249,20 @@ double Cosine(const double* x, const double* y, long n) {
   return cross / std::sqrt(xx * yy);
 }
 
+std::vector<double> OutputToDoubles(std::span<const uint8_t> bytes, bool fp32) {
+  std::vector<double> out(bytes.size() / (fp32 ? 4 : 2));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (fp32) {
+      float v;
+      std::memcpy(&v, bytes.data() + 4 * i, 4);
+      out[i] = v;
+    } else {
+      uint16_t v;
+      std::memcpy(&v, bytes.data() + 2 * i, 2);
+      out[i] = BF16ToFloat(v);
+    }
+  }
+  return out;
+}
+
 }  // namespace gcmoe::numerics

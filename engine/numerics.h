@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 namespace gcmoe::numerics {
 
@@ -49,5 +51,8 @@ void DequantizeE2M1K32(const uint8_t* packed, const uint8_t* scales, int n, floa
 // calc_diff(x, y) = 1 - 2*sum(xy) / sum(x^2 + y^2), in float64 (DESIGN.md §4).
 double CalcDiff(const double* x, const double* y, long n);
 double Cosine(const double* x, const double* y, long n);
+
+// A layer output as the engine returns it (little-endian BF16, or FP32 with `fp32`) as doubles.
+std::vector<double> OutputToDoubles(std::span<const uint8_t> bytes, bool fp32);
 
 }  // namespace gcmoe::numerics

@@ -283,25 +283,15 @@ int RunRank(const Options& o) {
     }
     if (me == 0) std::fprintf(stderr, "CPU reference computed for T <= %d\n", o.check_cpu);
   }
-  // Values of a BF16 output that differ from the CPU reference's shard (-1: not checked), and
-  // the largest difference.
-  double cpu_max_diff = 0;
-  auto cpu_mismatches = [&](int T, const std::vector<uint8_t>& gpu_out) -> int64_t {
+  // A GPU output against the CPU reference's shard, where there is one.
+  auto check_cpu = [&](int T, const std::vector<uint8_t>& gpu_out, const std::string& what) {
     const auto it = cpu_out.find(T);
-    if (it == cpu_out.end()) return -1;
-    int64_t bad = 0;
-    cpu_max_diff = 0;
-    for (size_t i = 0; i + 1 < gpu_out.size(); i += 2) {
-      uint16_t a, b;
-      std::memcpy(&a, &gpu_out[i], 2);
-      std::memcpy(&b, &it->second[i], 2);
-      if (a != b) {
-        ++bad;
-        cpu_max_diff = std::max(cpu_max_diff, std::fabs(static_cast<double>(numerics::BF16ToFloat(a)) -
-                                                        numerics::BF16ToFloat(b)));
-      }
+    if (it == cpu_out.end()) return;
+    const Bf16Difference d = CompareBf16(gpu_out, it->second);
+    if (d.values > 0) {
+      std::fprintf(stderr, "rank %d: %s: differs from the CPU backend: %s\n", me, what.c_str(),
+                   d.Describe(H).c_str());
     }
-    return bad;
   };
 
   std::vector<std::string> configs;
@@ -383,41 +373,17 @@ int RunRank(const Options& o) {
         if (auto go = meet.AllGather("go-" + step_key, ""); !go.ok()) return fail(name, go.status());
         if (Status s = gpu->Step(ctx, &out); !s.ok()) return fail(step_key + ": step", s);
         hashes[T].push_back(std::to_string(Fnv1a(out.output)));
-        if (const int64_t bad = cpu_mismatches(T, out.output); bad != 0 && bad != -1) {
-          std::fprintf(stderr, "rank %d: %s: %lld values differ from the CPU backend (max %.4g)\n",
-                       me, step_key.c_str(), static_cast<long long>(bad), cpu_max_diff);
-        }
+        check_cpu(T, out.output, step_key);
         // The same step again must give the same bits.
         for (int again = 0; again < o.repeat; ++again) {
           ctx.generation = ++generation;
           engine::StepOutput out2;
           if (Status s = gpu->Step(ctx, &out2); !s.ok()) return fail(step_key + ": step", s);
-          if (const int64_t bad = cpu_mismatches(T, out2.output); bad != 0 && bad != -1) {
-            std::fprintf(stderr,
-                         "rank %d: %s: repeat %d: %lld values differ from the CPU backend (max %.4g)\n",
-                         me, step_key.c_str(), again + 1, static_cast<long long>(bad), cpu_max_diff);
-          }
+          const std::string repeat = step_key + ": repeat " + std::to_string(again + 1);
+          check_cpu(T, out2.output, repeat);
           if (out2.output != out.output) {
-            // How many values differ, and by how much relative to the output's scale.
-            size_t values = 0, first = SIZE_MAX;
-            double max_diff = 0, max_abs = 0;
-            for (size_t i = 0; i + 1 < out.output.size(); i += 2) {
-              uint16_t a, b;
-              std::memcpy(&a, &out.output[i], 2);
-              std::memcpy(&b, &out2.output[i], 2);
-              const double x = numerics::BF16ToFloat(a), y = numerics::BF16ToFloat(b);
-              max_abs = std::max(max_abs, std::fabs(x));
-              if (a != b) {
-                ++values;
-                first = std::min(first, i / 2);
-                max_diff = std::max(max_diff, std::fabs(x - y));
-              }
-            }
-            std::fprintf(stderr,
-                         "rank %d: %s: repeat %d of the same step differs: %zu values, first "
-                         "token %zu feature %zu, max |diff| %.4g (max |y| %.4g)\n",
-                         me, step_key.c_str(), again + 1, values, first / H, first % H, max_diff,
-                         max_abs);
+            std::fprintf(stderr, "rank %d: %s of the same step differs: %s\n", me, repeat.c_str(),
+                         CompareBf16(out.output, out2.output).Describe(H).c_str());
           }
         }
         auto times = gpu->TimeReplays(o.warmup, o.replays);

@@ -190,6 +190,7 @@ int RunBenchLayer(int argc, char** argv) {
   std::mt19937_64 rng(static_cast<uint64_t>(seed) * 7919 + 1);
   std::vector<Row> rows;
   engine::StepPlan plan;
+  uint64_t generation = 0;  // unique and increasing, as the backend requires
   const balancer::Placement placement = balancer::ContiguousPlacement(1, E);
   for (int T : *tokens) {
     std::fprintf(stderr, "T = %d ...\n", T);
@@ -220,7 +221,7 @@ int RunBenchLayer(int argc, char** argv) {
       return fail("building the step plan", s);
     }
     engine::StepContext ctx;
-    ctx.generation = static_cast<uint64_t>(rows.size()) + 1;
+    ctx.generation = ++generation;
     ctx.num_tokens = T;
     ctx.hidden.dtype = engine::DType::kBF16;
     ctx.hidden.data = hidden.data();
@@ -239,16 +240,12 @@ int RunBenchLayer(int argc, char** argv) {
     }
     // The same step again must give the same bits.
     for (int again = 0; again < repeat; ++again) {
-      ctx.generation += 1000000;
+      ctx.generation = ++generation;
       engine::StepOutput out2;
       if (Status s = gpu.Step(ctx, &out2); !s.ok()) return fail("step", s);
       if (out2.output != out.output) {
-        size_t first = 0;
-        while (out.output[first] == out2.output[first]) ++first;
-        size_t bytes_differing = 0;
-        for (size_t i = 0; i < out.output.size(); ++i) bytes_differing += out.output[i] != out2.output[i];
-        std::fprintf(stderr, "T = %d: repeat %d differs: %zu of %zu bytes, first at token %zu\n", T,
-                     again + 1, bytes_differing, out.output.size(), first / (2 * H));
+        std::fprintf(stderr, "T = %d: repeat %d of the same step differs: %s\n", T, again + 1,
+                     CompareBf16(out.output, out2.output).Describe(H).c_str());
         ++nondeterministic;
       }
     }

@@ -1,8 +1,13 @@
 #include "server/bench_util.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
+
+#include "engine/numerics.h"
 
 namespace gcmoe::server {
 
@@ -25,6 +30,29 @@ Result<std::vector<int>> ParseTokenList(const std::string& text) {
 double Percentile(std::vector<float> values, double q) {
   std::sort(values.begin(), values.end());
   return values[static_cast<size_t>(q * (values.size() - 1) + 0.5)];
+}
+
+Bf16Difference CompareBf16(std::span<const uint8_t> a, std::span<const uint8_t> b) {
+  Bf16Difference d;
+  for (size_t i = 0; i + 1 < std::min(a.size(), b.size()); i += 2) {
+    uint16_t x, y;
+    std::memcpy(&x, &a[i], 2);
+    std::memcpy(&y, &b[i], 2);
+    const double fx = numerics::BF16ToFloat(x);
+    d.max_abs = std::max(d.max_abs, std::fabs(fx));
+    if (x == y) continue;
+    if (d.values++ == 0) d.first = static_cast<int64_t>(i / 2);
+    d.max_abs_diff = std::max(d.max_abs_diff, std::fabs(fx - numerics::BF16ToFloat(y)));
+  }
+  return d;
+}
+
+std::string Bf16Difference::Describe(int hidden) const {
+  char text[160];
+  std::snprintf(text, sizeof(text), "%lld values, first token %lld feature %lld, max |diff| %.4g (max |y| %.4g)",
+                static_cast<long long>(values), static_cast<long long>(first / hidden),
+                static_cast<long long>(first % hidden), max_abs_diff, max_abs);
+  return text;
 }
 
 }  // namespace gcmoe::server

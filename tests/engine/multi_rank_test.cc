@@ -19,22 +19,6 @@ namespace {
 // The embedded default's model: tiny-cpu.json (2 layers, synthetic:1).
 ModelSpec TinyCpu() { return TinyModel("synthetic:1", /*layers=*/2); }
 
-std::vector<double> AsDoubles(const std::vector<uint8_t>& bytes, bool fp32) {
-  std::vector<double> out(bytes.size() / (fp32 ? 4 : 2));
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (fp32) {
-      float v;
-      std::memcpy(&v, bytes.data() + 4 * i, 4);
-      out[i] = v;
-    } else {
-      uint16_t v;
-      std::memcpy(&v, bytes.data() + 2 * i, 2);
-      out[i] = numerics::BF16ToFloat(v);
-    }
-  }
-  return out;
-}
-
 class MultiRankTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -88,7 +72,7 @@ TEST_F(MultiRankTest, MatchesTheFloat64References) {
     SetDType(&request, dtype);
     auto out = worlds_[2]->Forward(request);
     ASSERT_TRUE(out.ok()) << out.status().ToString();
-    const std::vector<double> y = AsDoubles(*out, /*fp32=*/true);
+    const std::vector<double> y = numerics::OutputToDoubles(*out, /*fp32=*/true);
 
     // The reference sees exactly the values the service saw.
     std::vector<float> hidden = request.hidden;

@@ -177,23 +177,7 @@ Status BackendPair::Run(engine::Backend* backend, const StepInputs& in, uint64_t
 }
 
 std::vector<double> OutputValues(const engine::StepOutput& out, bool fp32) {
-  std::vector<double> values;
-  if (fp32) {
-    values.resize(out.output.size() / 4);
-    for (size_t i = 0; i < values.size(); ++i) {
-      float f;
-      std::memcpy(&f, &out.output[4 * i], 4);
-      values[i] = f;
-    }
-  } else {
-    values.resize(out.output.size() / 2);
-    for (size_t i = 0; i < values.size(); ++i) {
-      uint16_t b;
-      std::memcpy(&b, &out.output[2 * i], 2);
-      values[i] = numerics::BF16ToFloat(b);
-    }
-  }
-  return values;
+  return numerics::OutputToDoubles(out.output, fp32);
 }
 
 double CalcDiff(const std::vector<double>& x, const std::vector<double>& y) {

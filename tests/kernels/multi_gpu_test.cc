@@ -26,16 +26,6 @@ int GpuCount() {
   return cudaGetDeviceCount(&devices) == cudaSuccess ? devices : 0;
 }
 
-std::vector<double> AsDoubles(const std::vector<uint8_t>& bytes) {
-  std::vector<double> out(bytes.size() / 4);
-  for (size_t i = 0; i < out.size(); ++i) {
-    float v;
-    std::memcpy(&v, bytes.data() + 4 * i, 4);
-    out[i] = v;
-  }
-  return out;
-}
-
 constexpr int kPerRank = 64;  // tokens per rank at most
 
 class MultiGpuTest : public ::testing::Test {
@@ -93,7 +83,8 @@ TEST_F(MultiGpuTest, PRanksAreBitIdenticalToOneGpuAndMatchCpu) {
         ASSERT_TRUE(cpu.ok()) << label << ": " << cpu.status().ToString();
         auto one = worlds_["cuda1"]->Forward(request);
         ASSERT_TRUE(one.ok()) << label << ": " << one.status().ToString();
-        const double diff = numerics::CalcDiff(AsDoubles(*cpu).data(), AsDoubles(*one).data(),
+        const double diff = numerics::CalcDiff(numerics::OutputToDoubles(*cpu, true).data(),
+                                               numerics::OutputToDoubles(*one, true).data(),
                                                static_cast<long>(cpu->size() / 4));
         EXPECT_LT(diff, 1e-4) << label << ": one GPU against the CPU backend";
         for (const char* name : {"gcmoe", "gcmoe+relief", "nccl", "nccl+relief"}) {
