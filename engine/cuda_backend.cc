@@ -465,32 +465,31 @@ Status CudaBackend::CheckStep(const StepContext& ctx) const {
   return Status::Ok();
 }
 
-// The baseline's NCCL rounds in bytes: records out and in, then the partials back the way
+// The baseline's NCCL rounds in bytes: the records out and in, then the partials back the way
 // their records came (this rank's own stay where role2 put them).
 void CudaBackend::SetAllToAllBytes() {
-  const int P = options_.world_size;
-  const int me = options_.rank;
-  const int64_t record = kernels::A2aRecordBytes(options_.model.hidden);
-  const int64_t row = static_cast<int64_t>(options_.model.hidden) * 2;
   const GpuStepTables& t = tables_;
-  send_offsets_.assign(P, 0);
-  send_bytes_.assign(P, 0);
-  recv_offsets_.assign(P, 0);
-  recv_bytes_.assign(P, 0);
-  ret_send_offsets_.assign(P, 0);
-  ret_send_bytes_.assign(P, 0);
-  ret_recv_offsets_.assign(P, 0);
-  ret_recv_bytes_.assign(P, 0);
-  for (int q = 0; q < P; ++q) {
-    send_offsets_[q] = t.send_start[q] * record;
-    send_bytes_[q] = t.send_count[q] * record;
-    recv_offsets_[q] = t.recv_start[q] * record;
-    recv_bytes_[q] = t.recv_count[q] * record;
-    ret_send_offsets_[q] = t.recv_start[q] * row;
-    ret_send_bytes_[q] = q == me ? 0 : t.recv_count[q] * row;
-    ret_recv_offsets_[q] = t.send_start[q] * row;
-    ret_recv_bytes_[q] = q == me ? 0 : t.send_count[q] * row;
-  }
+  const int me = options_.rank;
+  auto fill = [&](const std::vector<int64_t>& out_start, const std::vector<int64_t>& out_count,
+                  const std::vector<int64_t>& in_start, const std::vector<int64_t>& in_count,
+                  int64_t unit, bool skip_self, AllToAllLayout* layout) {
+    const size_t P = out_start.size();
+    layout->send_offset.resize(P);
+    layout->send_bytes.resize(P);
+    layout->recv_offset.resize(P);
+    layout->recv_bytes.resize(P);
+    for (size_t q = 0; q < P; ++q) {
+      const bool skip = skip_self && static_cast<int>(q) == me;
+      layout->send_offset[q] = out_start[q] * unit;
+      layout->send_bytes[q] = skip ? 0 : out_count[q] * unit;
+      layout->recv_offset[q] = in_start[q] * unit;
+      layout->recv_bytes[q] = skip ? 0 : in_count[q] * unit;
+    }
+  };
+  fill(t.send_start, t.send_count, t.recv_start, t.recv_count,
+       kernels::A2aRecordBytes(options_.model.hidden), false, &records_);
+  fill(t.recv_start, t.recv_count, t.send_start, t.send_count,
+       static_cast<int64_t>(options_.model.hidden) * 2, true, &partials_);
 }
 
 Status CudaBackend::Sync(const char* what, uint64_t generation) {
@@ -532,17 +531,15 @@ cudaError_t CudaBackend::Launch(int bm, Status* nccl_status) {
   cudaError_t err = g.LaunchAllToAllStage(AllToAllStage::kQuantize, bm);
   if (err == cudaSuccess) err = g.LaunchAllToAllStage(AllToAllStage::kPack, bm);
   if (err != cudaSuccess) return err;
-  *nccl_status = nccl_->AllToAllV(g.a2a_send(), send_offsets_, send_bytes_, g.a2a_recv(),
-                                  recv_offsets_, recv_bytes_, g.stream());
+  *nccl_status = nccl_->AllToAllV(g.a2a_send(), g.a2a_recv(), records_, g.stream());
   if (!nccl_status->ok()) return cudaErrorUnknown;
   err = g.LaunchAllToAllStage(AllToAllStage::kUnpack, bm);
   if (err == cudaSuccess) err = g.LaunchLocalRole2(bm);
   if (err == cudaSuccess) err = g.LaunchAllToAllStage(AllToAllStage::kPackReturn, bm);
   if (err != cudaSuccess) return err;
   *nccl_status = nccl_->AllToAllV(reinterpret_cast<const uint8_t*>(g.a2a_ret_send()),
-                                  ret_send_offsets_, ret_send_bytes_,
-                                  reinterpret_cast<uint8_t*>(g.a2a_ret_recv()), ret_recv_offsets_,
-                                  ret_recv_bytes_, g.stream());
+                                  reinterpret_cast<uint8_t*>(g.a2a_ret_recv()), partials_,
+                                  g.stream());
   if (!nccl_status->ok()) return cudaErrorUnknown;
   err = g.LaunchAllToAllStage(AllToAllStage::kUnpackReturn, bm);
   if (err == cudaSuccess) err = g.LaunchLocalRole3(bm);

@@ -110,8 +110,8 @@ class CudaBackend final : public Backend {
 
   // Host copies of the step tables, storage reused.
   GpuStepTables tables_;
-  std::vector<int64_t> send_offsets_, send_bytes_, recv_offsets_, recv_bytes_;  // [P] bytes
-  std::vector<int64_t> ret_send_offsets_, ret_send_bytes_, ret_recv_offsets_, ret_recv_bytes_;
+  AllToAllLayout records_;   // the baseline's dispatch round
+  AllToAllLayout partials_;  // and its return round
 };
 
 }  // namespace gcmoe::engine

@@ -141,22 +141,21 @@ Status NcclComm::AsyncError() {
   return async == ncclSuccess ? Status::Ok() : NcclError("asynchronous error", async);
 }
 
-Status NcclComm::AllToAllV(const uint8_t* send, std::span<const int64_t> send_offsets,
-                           std::span<const int64_t> send_bytes, uint8_t* recv,
-                           std::span<const int64_t> recv_offsets,
-                           std::span<const int64_t> recv_bytes, void* stream) {
+Status NcclComm::AllToAllV(const uint8_t* send, uint8_t* recv, const AllToAllLayout& layout,
+                           void* stream) {
   if (aborted_.load()) return Aborted("nccl: the communicator was aborted");
   const NcclApi& api = Api();
   ncclComm_t comm = static_cast<ncclComm_t>(comm_);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   ncclResult_t r = api.group_start();
-  for (size_t q = 0; q < send_bytes.size() && r == ncclSuccess; ++q) {
-    if (send_bytes[q] > 0) {
-      r = api.send(send + send_offsets[q], static_cast<size_t>(send_bytes[q]), ncclUint8,
+  const AllToAllLayout& l = layout;
+  for (size_t q = 0; q < l.send_bytes.size() && r == ncclSuccess; ++q) {
+    if (l.send_bytes[q] > 0) {
+      r = api.send(send + l.send_offset[q], static_cast<size_t>(l.send_bytes[q]), ncclUint8,
                    static_cast<int>(q), comm, s);
     }
-    if (r == ncclSuccess && recv_bytes[q] > 0) {
-      r = api.recv(recv + recv_offsets[q], static_cast<size_t>(recv_bytes[q]), ncclUint8,
+    if (r == ncclSuccess && l.recv_bytes[q] > 0) {
+      r = api.recv(recv + l.recv_offset[q], static_cast<size_t>(l.recv_bytes[q]), ncclUint8,
                    static_cast<int>(q), comm, s);
     }
   }

@@ -7,8 +7,8 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -23,6 +23,13 @@ Result<std::string> NewNcclUniqueId();
 // "NCCL 2.28.9", or why NCCL cannot be loaded.
 std::string NcclVersionText();
 
+// Where one grouped send/receive round puts its bytes, per peer rank q ([P] each): bytes
+// [send_offset[q], + send_bytes[q]) of the send buffer go to q, and recv_bytes[q] bytes from q
+// land at recv_offset[q] of the receive buffer. Zero sizes are skipped.
+struct AllToAllLayout {
+  std::vector<int64_t> send_offset, send_bytes, recv_offset, recv_bytes;
+};
+
 class NcclComm {
  public:
   // Joins the communicator of `unique_id` as `rank` of `world` on `device` (collective: every
@@ -33,12 +40,8 @@ class NcclComm {
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
-  // One grouped round on `stream`: `send_bytes[q]` bytes from send + send_offsets[q] to rank q
-  // and `recv_bytes[q]` bytes from rank q into recv + recv_offsets[q] (stream: a
-  // cudaStream_t); zero sizes are skipped, this rank's own pair included.
-  Status AllToAllV(const uint8_t* send, std::span<const int64_t> send_offsets,
-                   std::span<const int64_t> send_bytes, uint8_t* recv,
-                   std::span<const int64_t> recv_offsets, std::span<const int64_t> recv_bytes,
+  // One grouped round on `stream` (a cudaStream_t), this rank's own pair included.
+  Status AllToAllV(const uint8_t* send, uint8_t* recv, const AllToAllLayout& layout,
                    void* stream);
   // A peer that died leaves NCCL operations waiting forever: abandons the communicator (any
   // operation in flight fails) so that the caller's stream can drain. Thread-safe, idempotent.
