@@ -3,15 +3,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
 #include <unistd.h>
 
 #include <cuda_runtime.h>
+#include <spdlog/spdlog.h>
 
+#include "kernels/role2_trace.h"
 #include "kernels/weight_tiles_sm90.h"
 
 namespace gcmoe::engine {
@@ -141,12 +143,13 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   // SMs; in sequence on the compute partition they matched (docs/PERFORMANCE.md, "Multi-GPU").
   // Until that is understood, overlap stays a one-GPU feature.
   // GCMOE_CUDA_OVERLAP_P=1 lifts that, to reproduce it (bench/gpu_checks.sh race).
-  graph_options.sequential =
-      EnvInt("GCMOE_CUDA_SEQUENTIAL", 0) != 0 ||
-      (options.world_size > 1 && EnvInt("GCMOE_CUDA_OVERLAP_P", 0) == 0);
+  graph_options.sequential = EnvInt("GCMOE_CUDA_SEQUENTIAL", 0) != 0 ||
+                             (options.world_size > 1 && EnvInt("GCMOE_CUDA_OVERLAP_P", 0) == 0);
   graph_options.timeout_ns =
       static_cast<uint64_t>(std::max(1, EnvInt("GCMOE_CUDA_WAIT_TIMEOUT_MS", 5000))) * 1000000ull;
   graph_options.record_sm_ids = EnvInt("GCMOE_CUDA_RECORD_SM_IDS", 0) != 0;
+  // Diagnostics: role2's task timeline, logged after every step (kernels/role2_trace.h).
+  graph_options.trace_role2 = EnvInt("GCMOE_CUDA_TRACE", 0) != 0;
   if (const char* gemm = std::getenv("GCMOE_CUDA_GEMM"); gemm != nullptr && *gemm != '\0') {
     const std::string name = gemm;
     if (name == "mma") {
@@ -168,11 +171,13 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   }
   std::unique_ptr<CudaBackend> backend(new CudaBackend(options, std::move(graph)));
   backend->alltoall_ = alltoall;
+  backend->trace_role2_ = graph_options.trace_role2;
   // The exchange region's name: a CUDA IPC handle for peers in other processes, the address
   // for peers in this one. A failed export only matters once a peer in another process needs it.
   cudaIpcMemHandle_t handle;
   std::memset(&handle, 0, sizeof(handle));
-  const bool exported = cudaIpcGetMemHandle(&handle, backend->graph_->exchange_base()) == cudaSuccess;
+  const bool exported =
+      cudaIpcGetMemHandle(&handle, backend->graph_->exchange_base()) == cudaSuccess;
   if (!exported) cudaGetLastError();
   std::string hex;
   char byte[3];
@@ -346,8 +351,9 @@ Status CudaBackend::ConnectPeers(const PeerSetup& setup) {
       }
       GCMOE_ASSIGN_OR_RETURN(PeerName peer, ParsePeerName(setup.peer_names[q]));
       if (peer.bytes != graph_->exchange_bytes()) {
-        return FailedPrecondition("cuda backend: rank " + std::to_string(q) + "'s exchange region is " +
-                                  std::to_string(peer.bytes) + " bytes, this rank's " +
+        return FailedPrecondition("cuda backend: rank " + std::to_string(q) +
+                                  "'s exchange region is " + std::to_string(peer.bytes) +
+                                  " bytes, this rank's " +
                                   std::to_string(graph_->exchange_bytes()) +
                                   " (ranks with different models or capacities?)");
       }
@@ -376,9 +382,9 @@ Status CudaBackend::ConnectPeers(const PeerSetup& setup) {
       const cudaError_t err =
           cudaIpcOpenMemHandle(&mapped, peer.handle, cudaIpcMemLazyEnablePeerAccess);
       if (err != cudaSuccess) {
-        return CudaError("mapping rank " + std::to_string(q) + "'s exchange region (CUDA IPC, pid " +
-                             std::to_string(peer.pid) + ", device " + std::to_string(peer.device) +
-                             ")",
+        return CudaError("mapping rank " + std::to_string(q) +
+                             "'s exchange region (CUDA IPC, pid " + std::to_string(peer.pid) +
+                             ", device " + std::to_string(peer.device) + ")",
                          err);
       }
       opened_.push_back(mapped);
@@ -418,8 +424,9 @@ Status CudaBackend::CheckStep(const StepContext& ctx) const {
   const ModelSpec& m = options_.model;
   const int me = options_.rank;
   if (!connected_) {
-    return FailedPrecondition("cuda backend: not connected to the peers (ConnectPeers was not "
-                              "called, or an aborted step needs a new epoch)");
+    return FailedPrecondition(
+        "cuda backend: not connected to the peers (ConnectPeers was not "
+        "called, or an aborted step needs a new epoch)");
   }
   if (ctx.layer < 0 || ctx.layer >= static_cast<int>(layers_.size())) {
     return NotFound("cuda backend: layer " + std::to_string(ctx.layer) + " is not loaded");
@@ -500,7 +507,8 @@ Status CudaBackend::Sync(const char* what, uint64_t generation) {
     // NCCL waits on a dead peer forever: poll, and abandon the communicator on an abort or
     // once the device wait limit has passed.
     const auto start = std::chrono::steady_clock::now();
-    const auto limit = std::chrono::milliseconds(std::max(1, EnvInt("GCMOE_CUDA_WAIT_TIMEOUT_MS", 5000)));
+    const auto limit =
+        std::chrono::milliseconds(std::max(1, EnvInt("GCMOE_CUDA_WAIT_TIMEOUT_MS", 5000)));
     while ((err = cudaStreamQuery(graph_->stream())) == cudaErrorNotReady) {
       const bool aborted = graph_->Aborted(generation);
       if (aborted || std::chrono::steady_clock::now() - start > limit) {
@@ -537,9 +545,9 @@ cudaError_t CudaBackend::Launch(int bm, Status* nccl_status) {
   if (err == cudaSuccess) err = g.LaunchLocalRole2(bm);
   if (err == cudaSuccess) err = g.LaunchAllToAllStage(AllToAllStage::kPackReturn, bm);
   if (err != cudaSuccess) return err;
-  *nccl_status = nccl_->AllToAllV(reinterpret_cast<const uint8_t*>(g.a2a_ret_send()),
-                                  reinterpret_cast<uint8_t*>(g.a2a_ret_recv()), partials_,
-                                  g.stream());
+  *nccl_status =
+      nccl_->AllToAllV(reinterpret_cast<const uint8_t*>(g.a2a_ret_send()),
+                       reinterpret_cast<uint8_t*>(g.a2a_ret_recv()), partials_, g.stream());
   if (!nccl_status->ok()) return cudaErrorUnknown;
   err = g.LaunchAllToAllStage(AllToAllStage::kUnpackReturn, bm);
   if (err == cudaSuccess) err = g.LaunchLocalRole3(bm);
@@ -614,6 +622,7 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
                             cudaMemcpyHostToDevice, s);
     }
   }
+  if (err == cudaSuccess && trace_role2_) err = graph_->ClearRole2Trace();
   Status nccl_status = Status::Ok();
   if (err == cudaSuccess) err = Launch(bm, &nccl_status);
   GCMOE_RETURN_IF_ERROR(nccl_status);
@@ -631,7 +640,24 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
     return Aborted("step " + std::to_string(ctx.generation) + " aborted");
   }
   out->assignments_computed = rows;
+  if (trace_role2_) LogRole2Trace(header, ctx.generation);
   return Status::Ok();
+}
+
+void CudaBackend::LogRole2Trace(const kernels::StepHeader& header, uint64_t generation) const {
+  const ModelSpec& m = options_.model;
+  const int64_t tasks = static_cast<int64_t>(header.num_blocks) *
+                            (m.intermediate / 32 + m.hidden / kernels::kTileRows) +
+                        static_cast<int64_t>(header.num_shared_blocks) *
+                            (m.shared_intermediate / 32 + m.hidden / kernels::kTileRows);
+  std::vector<kernels::TaskTrace> trace;
+  if (const cudaError_t err = graph_->ReadRole2Trace(tasks, &trace); err != cudaSuccess) {
+    spdlog::warn("rank {}: step {}: reading the role2 trace: {}", options_.rank, generation,
+                 cudaGetErrorString(err));
+    return;
+  }
+  spdlog::info("rank {}: step {}, {} tokens, {} blocks of {} rows: {}", options_.rank, generation,
+               header.num_tokens, header.num_blocks, last_bm_, kernels::SummarizeRole2Trace(trace));
 }
 
 Result<std::vector<float>> CudaBackend::TimeReplays(int warmup, int replays) {

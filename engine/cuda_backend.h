@@ -85,6 +85,8 @@ class CudaBackend final : public Backend {
 
   CudaBackend(const BackendOptions& options, std::unique_ptr<kernels::LayerGraph> graph);
   Status CheckStep(const StepContext& ctx) const;
+  // GCMOE_CUDA_TRACE=1: role2's task timeline of the step just run, as one log entry.
+  void LogRole2Trace(const kernels::StepHeader& header, uint64_t generation) const;
   // The all-to-all baseline's NCCL rounds in bytes, from tables_.
   void SetAllToAllBytes();
   // One replay: the graph, or the baseline's stages and NCCL rounds.
@@ -103,10 +105,11 @@ class CudaBackend final : public Backend {
   int last_bm_ = 0;
   int forced_bm_ = 0;
   bool connected_ = false;
-  bool alltoall_ = false;             // exchange "nccl"
-  std::vector<void*> opened_;         // peers' regions opened by CUDA IPC (closed on reconnect)
+  bool alltoall_ = false;      // exchange "nccl"
+  bool trace_role2_ = false;   // GCMOE_CUDA_TRACE
+  std::vector<void*> opened_;  // peers' regions opened by CUDA IPC (closed on reconnect)
   std::unique_ptr<NcclComm> nccl_;
-  std::string ipc_name_;              // transport_name()
+  std::string ipc_name_;  // transport_name()
 
   // Host copies of the step tables, storage reused.
   GpuStepTables tables_;

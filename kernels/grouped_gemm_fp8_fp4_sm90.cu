@@ -265,11 +265,13 @@ __global__ void __launch_bounds__(kRoleThreads, NT <= 4 ? 2 : 1)
 
   for (;;) {
     if (threadIdx.x == 0) s_task = static_cast<int>(atomicAdd(&p.sig->task_next, 1u));
+    const uint64_t claim_ns = p.task_trace != nullptr ? GlobalTimerNs() : 0;
     __syncthreads();
     const int64_t task = s_task;
     if (task >= tasks.total) break;
     const auto [kind, block, tile] = tasks.Decode(task);
     const int slot = block % p.ring_blocks;
+    const bool traced = p.task_trace != nullptr && task < p.task_trace_cap;
     // Wait (one thread, acquire) for what the task reads, then broadcast through the barrier.
     if (threadIdx.x == 0) {
       bool ok = true;
@@ -290,6 +292,11 @@ __global__ void __launch_bounds__(kRoleThreads, NT <= 4 ? 2 : 1)
           break;
       }
       s_go = ok;
+      if (traced) {
+        TaskTrace& t = p.task_trace[task];
+        t.cta = blockIdx.x, t.sm = SmId(), t.kind = kind, t.recorded = 1;
+        t.claim_ns = claim_ns, t.ready_ns = t.start_ns = GlobalTimerNs();
+      }
     }
     __syncthreads();
     if (!s_go) break;
@@ -352,6 +359,7 @@ __global__ void __launch_bounds__(kRoleThreads, NT <= 4 ? 2 : 1)
         break;
     }
     __syncthreads();  // every store of the task issued; red may be overwritten
+    if (threadIdx.x == 0 && traced) p.task_trace[task].done_ns = GlobalTimerNs();
     // Release the task's completion: the W1 outputs to the block's W2 tasks, the ring slot
     // (W1 has read it) back to role1. __syncthreads above orders all threads' stores before
     // thread 0's release (bar.sync is CTA-scope synchronization, the release is cumulative).

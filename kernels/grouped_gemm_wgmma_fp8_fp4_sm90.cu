@@ -81,7 +81,7 @@ struct TaskDesc {
   int32_t n;          // MMA width (valid-M sizing)
   int32_t k;          // contraction
   int32_t scale_mod;  // the activation scales' address mod 16 (the windows are 16-aligned)
-  int32_t pad;
+  int32_t task;       // index in the task space (the trace's slot)
 };
 
 struct Barriers {
@@ -175,6 +175,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
     int task = 0;
     if (lane == 0) task = static_cast<int>(atomicAdd(&p.sig->task_next, 1u));
     task = __shfl_sync(0xFFFFFFFFu, task, 0);
+    const uint64_t claim_ns = p.task_trace != nullptr ? GlobalTimerNs() : 0;
     TaskDesc d{-1, 0, 0, 0, 0, 0, 0, 0};
     const uint8_t* tile_ptr = nullptr;
     const uint8_t* act = nullptr;
@@ -244,6 +245,12 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
             break;
         }
         d.n = MmaWidth(d.rows, BM);
+        d.task = task;
+        if (p.task_trace != nullptr && lane == 0 && task < p.task_trace_cap) {
+          TaskTrace& t = p.task_trace[task];
+          t.cta = blockIdx.x, t.sm = SmId(), t.kind = kind, t.recorded = 1;
+          t.claim_ns = claim_ns, t.ready_ns = GlobalTimerNs();
+        }
         d.scale_mod = static_cast<int32_t>(reinterpret_cast<uintptr_t>(act_scales) & 15);
         chunk_bytes = ChunkBytes(kind == kRoutedW1 || kind == kRoutedW2 ? TileFormat::kE2M1
                                                                         : TileFormat::kE4M3);
@@ -475,6 +482,7 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
     const TaskDesc d = bars.desc[ds];
     MbarArrive(SmemAddr(&bars.desc_empty[ds]));
     if (d.kind < 0) break;
+    const uint64_t start_ns = p.task_trace != nullptr ? GlobalTimerNs() : 0;
 
     float acc[BM / 2];
 #pragma unroll
@@ -520,6 +528,10 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
     // CTA-scope synchronization and the release below is cumulative, so thread 0's release
     // covers the other consumers' W1 outputs.
     NamedBarrier(kConsumerBarrierId, kConsumerThreads);
+    if (threadIdx.x == 0 && p.task_trace != nullptr && d.task < p.task_trace_cap) {
+      p.task_trace[d.task].start_ns = start_ns;
+      p.task_trace[d.task].done_ns = GlobalTimerNs();
+    }
     if (threadIdx.x == 0) {
       if (d.kind == kRoutedW1) {
         __threadfence();

@@ -228,6 +228,13 @@ cudaError_t LayerGraph::Allocate() {
   // ring_full and ring_empty (R each), w1_done (blocks), w1s_done (shared blocks).
   counter_words_ = static_cast<size_t>(2 * max_blocks8 + max_blocks8 + CeilDiv(cap, 8) + 1);
   alloc(&counters_, static_cast<int64_t>(counter_words_) * 4);
+  if (options_.trace_role2) {
+    // The largest task space: every block at BM 8, plus the shared expert's blocks.
+    const int64_t tiles = I / 32 + H / kTileRows;
+    const int64_t shared_tiles = Is > 0 ? Is / 32 + H / kTileRows : 0;
+    task_trace_cap_ = static_cast<int>(max_blocks8 * tiles + CeilDiv(cap, 8) * shared_tiles);
+    alloc(&task_trace_, static_cast<int64_t>(task_trace_cap_) * sizeof(TaskTrace));
+  }
   if (options_.record_sm_ids) {
     int max_grid = 0;
     for (int g : role2_grid_) max_grid = std::max(max_grid, g);
@@ -286,6 +293,8 @@ LayerParams LayerGraph::Params(int bm_index) const {
   p.abort_generation = abort_device_;
   p.diag = diag_device_;
   p.smid_log = sm_ids_;
+  p.task_trace = task_trace_;
+  p.task_trace_cap = task_trace_cap_;
   return p;
 }
 
@@ -297,9 +306,9 @@ LayerParams LayerGraph::LocalParams(int bm_index) const {
     p.peers.x_s[q] = x_s_;
     p.peers.recv[q] = recv_;
     p.peers.signals[q] = sig_;
-    p.peers.combine[q] =
-        q == d.rank ? combine_
-                    : a2a_staging_ + static_cast<int64_t>(q) * d.capacity * (d.top_k + 1) * d.hidden;
+    p.peers.combine[q] = q == d.rank ? combine_
+                                     : a2a_staging_ + static_cast<int64_t>(q) * d.capacity *
+                                                          (d.top_k + 1) * d.hidden;
   }
   p.a2a_send = a2a_send_;
   p.a2a_recv = a2a_recv_;
@@ -314,7 +323,9 @@ cudaError_t LayerGraph::SetPeerBases(const std::vector<uint8_t*>& bases) {
     return cudaErrorInvalidValue;
   }
   for (int q = 0; q < d.world_size; ++q) {
-    const auto at = [&](const void* own) { return bases[q] + (static_cast<const uint8_t*>(own) - exchange_); };
+    const auto at = [&](const void* own) {
+      return bases[q] + (static_cast<const uint8_t*>(own) - exchange_);
+    };
     peers_.x_q[q] = at(x_q_);
     peers_.x_s[q] = at(x_s_);
     peers_.recv[q] = reinterpret_cast<RowMeta*>(at(recv_));
@@ -443,6 +454,21 @@ cudaError_t LayerGraph::ResetSignals() {
   }
   if (err == cudaSuccess) err = cudaStreamSynchronize(pair_->compute_stream);
   return err;
+}
+
+cudaError_t LayerGraph::ClearRole2Trace() {
+  if (task_trace_ == nullptr) return cudaErrorInvalidValue;
+  return cudaMemsetAsync(task_trace_, 0, static_cast<size_t>(task_trace_cap_) * sizeof(TaskTrace),
+                         pair_->compute_stream);
+}
+
+cudaError_t LayerGraph::ReadRole2Trace(int64_t tasks, std::vector<TaskTrace>* trace) const {
+  if (task_trace_ == nullptr || tasks < 0) return cudaErrorInvalidValue;
+  trace->resize(static_cast<size_t>(std::min<int64_t>(tasks, task_trace_cap_)));
+  cudaError_t err = cudaStreamSynchronize(pair_->compute_stream);
+  if (err != cudaSuccess) return err;
+  return cudaMemcpy(trace->data(), task_trace_, trace->size() * sizeof(TaskTrace),
+                    cudaMemcpyDeviceToHost);
 }
 
 cudaError_t LayerGraph::ReadSmIds(int bm, std::vector<int>* role1, std::vector<int>* role2) const {

@@ -50,6 +50,7 @@ struct LayerGraphOptions {
   bool sequential = false;
   uint64_t timeout_ns = 5'000'000'000ull;
   bool record_sm_ids = false;                // role1/role2 CTAs log their SM (tests)
+  bool trace_role2 = false;                  // role2 records every task's timeline (TaskTrace)
   GemmKernel gemm = GemmKernel::kStreamMma;  // role2's kernel (layer_roles.h)
   bool alltoall = false;                     // also allocate the all-to-all baseline's buffers
 };
@@ -101,8 +102,8 @@ class LayerGraph {
   cudaError_t LaunchAllToAllStage(AllToAllStage stage, int bm);
   cudaError_t LaunchLocalRole2(int bm);
   cudaError_t LaunchLocalRole3(int bm);
-  uint8_t* a2a_send() const { return a2a_send_; }        // [capacity * k] records
-  uint8_t* a2a_recv() const { return a2a_recv_; }        // [P * capacity * k] records
+  uint8_t* a2a_send() const { return a2a_send_; }           // [capacity * k] records
+  uint8_t* a2a_recv() const { return a2a_recv_; }           // [P * capacity * k] records
   uint16_t* a2a_ret_send() const { return a2a_ret_send_; }  // [P * capacity * k, H]
   uint16_t* a2a_ret_recv() const { return a2a_ret_recv_; }  // [capacity * k, H]
 
@@ -119,6 +120,11 @@ class LayerGraph {
   cudaError_t ResetSignals();
   // With record_sm_ids: the SM of each role1 and role2 CTA of the last replay of `bm`.
   cudaError_t ReadSmIds(int bm, std::vector<int>* role1, std::vector<int>* role2) const;
+  // With trace_role2: forget the recorded tasks (on the step stream, before a replay), and
+  // read the first `tasks` records of the last replay (synchronous). Both fail with
+  // cudaErrorInvalidValue without trace_role2.
+  cudaError_t ClearRole2Trace();
+  cudaError_t ReadRole2Trace(int64_t tasks, std::vector<TaskTrace>* trace) const;
 
  private:
   LayerGraph() = default;
@@ -169,6 +175,8 @@ class LayerGraph {
   uint32_t* counters_ = nullptr;  // ring_full | ring_empty | w1_done | w1s_done
   size_t counter_words_ = 0;
   int32_t* sm_ids_ = nullptr;
+  TaskTrace* task_trace_ = nullptr;  // [task_trace_cap_] with trace_role2
+  int task_trace_cap_ = 0;
   uint64_t* abort_host_ = nullptr;  // host-mapped
   WaitDiagnostic* diag_host_ = nullptr;
   uint64_t* abort_device_ = nullptr;

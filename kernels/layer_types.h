@@ -197,6 +197,24 @@ inline GCMOE_HOST_DEVICE const char* WaitWhatName(int what) {
   }
 }
 
+// role2's task kinds, in the order the scheduler hands them out (role2_tasks_sm90.cuh).
+enum TaskKind { kSharedW1 = 0, kRoutedW1 = 1, kSharedW2 = 2, kRoutedW2 = 3 };
+
+// One role2 task's timeline (%globaltimer ns), recorded when LayerGraphOptions::trace_role2
+// is on, at the task's index: claimed by CTA `cta` on SM `sm`, its inputs ready (the flag
+// wait ended), its mainloop started (after any task queued before it in the CTA), done (its
+// outputs stored, before the release of W1 completion).
+struct TaskTrace {
+  uint32_t cta;
+  uint32_t sm;
+  uint32_t kind;      // TaskKind
+  uint32_t recorded;  // 1 once written this replay
+  uint64_t claim_ns;
+  uint64_t ready_ns;
+  uint64_t start_ns;
+  uint64_t done_ns;
+};
+
 struct LayerParams {
   LayerDims dims;
   PeerTable peers;
@@ -237,7 +255,9 @@ struct LayerParams {
   uint32_t* w1s_done;    // [max shared blocks] shared W1 tiles finished per block
   const volatile uint64_t* abort_generation;  // host-mapped; >= header->generation: leave
   WaitDiagnostic* diag;                       // host-mapped
-  int32_t* smid_log;  // optional [role1 grid + role2 grid]: the SM each CTA ran on
+  int32_t* smid_log;      // optional [role1 grid + role2 grid]: the SM each CTA ran on
+  TaskTrace* task_trace;  // optional [task_trace_cap]: role2's task timeline
+  int32_t task_trace_cap;
   // NCCL all-to-all baseline only (else null).
   uint8_t* a2a_send;       // [capacity * k] records, grouped by destination rank
   uint8_t* a2a_recv;       // [world * capacity * k] records, grouped by source rank

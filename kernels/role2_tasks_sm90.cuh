@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-namespace gcmoe::kernels {
+#include "kernels/layer_types.h"
 
-enum TaskKind { kSharedW1 = 0, kRoutedW1 = 1, kSharedW2 = 2, kRoutedW2 = 3 };
+namespace gcmoe::kernels {
 
 struct Role2Task {
   TaskKind kind;
