@@ -138,11 +138,15 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   graph_options.alltoall = alltoall;
   graph_options.ring_blocks = alltoall ? 0 : EnvInt("GCMOE_CUDA_RING_BLOCKS", 0);
   // P > 1 runs the roles one after the other, role2 on the compute partition, for both
-  // exchanges. On a 2 x H200 machine (2026-11-29) full-size layers gave outputs that differ
-  // from the CPU backend in some steps with the roles overlapped, and with role2 on all 132
-  // SMs; in sequence on the compute partition they matched (docs/PERFORMANCE.md, "Multi-GPU").
-  // Until that is understood, overlap stays a one-GPU feature.
-  // GCMOE_CUDA_OVERLAP_P=1 lifts that, to reproduce it (bench/gpu_checks.sh race).
+  // exchanges, and computes role2 with the stepping-stone kernel (mma). On 2 x H200 machines
+  // (2026-11-29) the one-GPU default (stream) gave full-size outputs that differ between
+  // repeats of the same step, with the roles in sequence on the partition as well as
+  // overlapped, on some freshly started machines and not on others. The stepping stone and the
+  // wgmma variant never did in the same runs (docs/PERFORMANCE.md, "Multi-GPU"). Until the
+  // cause is found, P > 1 takes the kernel that showed no wrong output and has the default's
+  // numerics.
+  // GCMOE_CUDA_OVERLAP_P=1 and GCMOE_CUDA_GEMM lift both, to reproduce it
+  // (bench/gpu_checks.sh race).
   graph_options.sequential = EnvInt("GCMOE_CUDA_SEQUENTIAL", 0) != 0 ||
                              (options.world_size > 1 && EnvInt("GCMOE_CUDA_OVERLAP_P", 0) == 0);
   graph_options.timeout_ns =
@@ -150,6 +154,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   graph_options.record_sm_ids = EnvInt("GCMOE_CUDA_RECORD_SM_IDS", 0) != 0;
   // Diagnostics: role2's task timeline, logged after every step (kernels/role2_trace.h).
   graph_options.trace_role2 = EnvInt("GCMOE_CUDA_TRACE", 0) != 0;
+  if (options.world_size > 1) graph_options.gemm = kernels::GemmKernel::kMmaSync;
   if (const char* gemm = std::getenv("GCMOE_CUDA_GEMM"); gemm != nullptr && *gemm != '\0') {
     const std::string name = gemm;
     if (name == "mma") {
