@@ -3,13 +3,16 @@
 # ../shared/tools/device-bundle made of build-cuda/gcmoe and build-cuda/tests/kernels/*:
 #
 #   bench/gpu_checks.sh [STAGE...]     stages: sass ctest sanitizer bench peer serve variants
-#                                      ablate ncu multi ep (default: the first six)
+#                                      ablate ncu multi ep race trace (default: the first six)
 #
-# multi, ep and race need two or more GPUs: multi runs the multi-GPU test and the multi-rank
-# serve check, ep `gcmoe bench ep` on every GPU (EP_CONFIG, default the GLM-5.2 layer), race the
-# matrix that narrows down the two-rank wrong outputs (docs/PERFORMANCE.md, "Multi-GPU"): each
-# role2 kernel, roles overlapped or in sequence, every output checked against repeats and, at
-# small T, the CPU backend (GCMOE_CUDA_OVERLAP_P=1 lifts the P > 1 sequential default).
+# multi, ep, race and trace need two or more GPUs: multi runs the multi-GPU test and the
+# multi-rank serve check, ep `gcmoe bench ep` on every GPU (EP_CONFIG, default the GLM-5.2
+# layer), race the stress that found the two-rank wrong outputs (docs/PERFORMANCE.md,
+# "Multi-GPU"): each role2 kernel, roles overlapped or in sequence, every step repeated
+# RACE_REPEAT times (default 150) and every output compared with the step's first and, at small
+# T, with the CPU backend (GCMOE_CUDA_OVERLAP_P=1 lifts the P > 1 sequential default,
+# GCMOE_CUDA_GEMM its kernel); trace logs role2's task timeline (GCMOE_CUDA_TRACE=1) of each
+# kernel at T = 1 and 16.
 #
 # Environment: BUNDLE (default .device), OUT (logs; default /tmp/gcmoe-gpu-checks),
 # GCMOE_CUDA_GEMM (role2 kernel for ctest/bench: stream default, wgmma, mma), TOKENS (bench).
@@ -192,9 +195,9 @@ if has race; then
   for gemm in stream wgmma mma; do
     for overlap in 1 0; do
       name="$gemm-overlap$overlap"
-      GCMOE_CUDA_GEMM=$gemm GCMOE_CUDA_OVERLAP_P=$overlap timeout 120 "$GCMOE" bench ep \
-        --config "$EP_CONFIG" --ranks "$GPUS" --tokens-per-rank 1,2,4,16 --replays 5 --warmup 1 \
-        --repeat 4 --check-cpu 2 > "$OUT/race-$name.txt" 2> "$OUT/race-$name.log"
+      GCMOE_CUDA_GEMM=$gemm GCMOE_CUDA_OVERLAP_P=$overlap timeout 170 "$GCMOE" bench ep \
+        --config "$EP_CONFIG" --ranks "$GPUS" --tokens-per-rank 1,2,4,16 --replays 2 --warmup 0 \
+        --repeat "${RACE_REPEAT:-150}" --check-cpu 2 > "$OUT/race-$name.txt" 2> "$OUT/race-$name.log"
       rc=$?
       printf '%-18s rc %d  wrong-vs-cpu %3d  repeat-differs %3d\n' "$name" "$rc" \
         "$(grep -c 'CPU backend: .*max |diff| \(0\.0[3-9]\|0\.[1-9]\|[1-9]\)' "$OUT/race-$name.log")" \
@@ -202,6 +205,20 @@ if has race; then
     done
   done
   note race 0 "$(tr '\n' ';' < "$OUT/race.txt")"
+fi
+
+if has trace; then
+  EP_CONFIG=${EP_CONFIG:-config/examples/glm-5.2-ep8.json}
+  : > "$OUT/trace.txt"
+  for gemm in stream wgmma mma; do
+    # The summaries are log entries (stdout of the rank processes).
+    GCMOE_CUDA_TRACE=1 GCMOE_CUDA_GEMM=$gemm timeout 120 "$GCMOE" bench ep --config "$EP_CONFIG" \
+      --ranks "$GPUS" --tokens-per-rank 1,16 --exchange gcmoe --balancer off --replays 20 \
+      --warmup 2 > "/tmp/gcmoe-trace-$gemm.txt" 2>&1
+    note trace-$gemm $? "$(grep -c 'role2 trace' "/tmp/gcmoe-trace-$gemm.txt") summaries"
+    { echo "==== role2 $gemm"; cat "/tmp/gcmoe-trace-$gemm.txt"; } >> "$OUT/trace.txt"
+  done
+  grep -E "role2 trace|routed W|run |wait |slowest 1|us \(ranks" "$OUT/trace.txt" | head -80
 fi
 
 echo "==== summary ($(date -u +%F))"

@@ -62,6 +62,17 @@ Status UploadTiles(bool gated, TileFormat format, const std::vector<uint8_t>& co
 
 }  // namespace
 
+Result<kernels::GemmKernel> ChooseRole2Kernel(int world_size, const char* requested) {
+  if (requested == nullptr || *requested == '\0') {
+    return world_size > 1 ? kernels::GemmKernel::kMmaSync : kernels::GemmKernel::kStreamMma;
+  }
+  const std::string name = requested;
+  if (name == "mma") return kernels::GemmKernel::kMmaSync;
+  if (name == "stream") return kernels::GemmKernel::kStreamMma;
+  if (name == "wgmma") return kernels::GemmKernel::kStreamWgmma;
+  return InvalidArgument("cuda backend: GCMOE_CUDA_GEMM is wgmma, stream or mma, not " + name);
+}
+
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
   // Before the process's first CUDA call (a no-op if something initialized CUDA already; the
   // layer graph also loads every kernel explicitly).
@@ -154,19 +165,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   graph_options.record_sm_ids = EnvInt("GCMOE_CUDA_RECORD_SM_IDS", 0) != 0;
   // Diagnostics: role2's task timeline, logged after every step (kernels/role2_trace.h).
   graph_options.trace_role2 = EnvInt("GCMOE_CUDA_TRACE", 0) != 0;
-  if (options.world_size > 1) graph_options.gemm = kernels::GemmKernel::kMmaSync;
-  if (const char* gemm = std::getenv("GCMOE_CUDA_GEMM"); gemm != nullptr && *gemm != '\0') {
-    const std::string name = gemm;
-    if (name == "mma") {
-      graph_options.gemm = kernels::GemmKernel::kMmaSync;
-    } else if (name == "stream") {
-      graph_options.gemm = kernels::GemmKernel::kStreamMma;
-    } else if (name == "wgmma") {
-      graph_options.gemm = kernels::GemmKernel::kStreamWgmma;
-    } else {
-      return InvalidArgument("cuda backend: GCMOE_CUDA_GEMM is wgmma, stream or mma, not " + name);
-    }
-  }
+  GCMOE_ASSIGN_OR_RETURN(graph_options.gemm,
+                         ChooseRole2Kernel(options.world_size, std::getenv("GCMOE_CUDA_GEMM")));
   std::unique_ptr<kernels::LayerGraph> graph;
   std::string message;
   err = kernels::LayerGraph::Create(graph_options, &graph, &message);

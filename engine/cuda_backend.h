@@ -38,6 +38,12 @@
 
 namespace gcmoe::engine {
 
+// role2's kernel for one rank of a `world_size`-rank layer: `requested` (GCMOE_CUDA_GEMM: mma,
+// stream or wgmma) when set and not empty, else `stream` on one GPU and the stepping stone
+// (`mma`) for P > 1, the kernel that never gave a wrong output on two GPUs
+// (docs/PERFORMANCE.md, "Multi-GPU"). An unknown name is an InvalidArgument.
+Result<kernels::GemmKernel> ChooseRole2Kernel(int world_size, const char* requested);
+
 class CudaBackend final : public Backend {
  public:
   static Result<std::unique_ptr<CudaBackend>> Create(const BackendOptions& options);

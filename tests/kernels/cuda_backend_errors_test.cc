@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/backend.h"
+#include "engine/cuda_backend.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace gcmoe::engine {
@@ -30,6 +31,27 @@ TEST(CudaBackendCreate, RanksOutsideOneHostAreRejected) {
     EXPECT_EQ(backend.status().code(), StatusCode::kInvalidArgument) << backend.status().ToString();
     EXPECT_NE(backend.status().message().find("GPU ranks"), std::string::npos);
   }
+}
+
+TEST(CudaBackendCreate, Role2KernelIsStreamOnOneGpuAndTheSteppingStoneOnSeveral) {
+  using kernels::GemmKernel;
+  const auto chosen = [](int world, const char* requested) {
+    auto kernel = ChooseRole2Kernel(world, requested);
+    EXPECT_TRUE(kernel.ok()) << kernel.status().ToString();
+    return kernel.ok() ? *kernel : GemmKernel::kStreamWgmma;
+  };
+  EXPECT_EQ(chosen(1, nullptr), GemmKernel::kStreamMma);
+  EXPECT_EQ(chosen(1, ""), GemmKernel::kStreamMma);
+  EXPECT_EQ(chosen(2, nullptr), GemmKernel::kMmaSync);
+  EXPECT_EQ(chosen(8, ""), GemmKernel::kMmaSync);
+  // GCMOE_CUDA_GEMM wins either way.
+  EXPECT_EQ(chosen(2, "stream"), GemmKernel::kStreamMma);
+  EXPECT_EQ(chosen(1, "mma"), GemmKernel::kMmaSync);
+  EXPECT_EQ(chosen(4, "wgmma"), GemmKernel::kStreamWgmma);
+  auto unknown = ChooseRole2Kernel(2, "cutlass");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("GCMOE_CUDA_GEMM"), std::string::npos);
 }
 
 TEST(CudaBackendCreate, UnknownExchangeIsRejected) {
