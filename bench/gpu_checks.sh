@@ -211,7 +211,7 @@ if has trace; then
   EP_CONFIG=${EP_CONFIG:-config/examples/glm-5.2-ep8.json}
   : > "$OUT/trace.txt"
   for gemm in stream wgmma mma; do
-    # The summaries are log entries (stdout of the rank processes).
+    # The summaries are log entries (stderr of the rank processes).
     GCMOE_CUDA_TRACE=1 GCMOE_CUDA_GEMM=$gemm timeout 120 "$GCMOE" bench ep --config "$EP_CONFIG" \
       --ranks "$GPUS" --tokens-per-rank 1,16 --exchange gcmoe --balancer off --replays 20 \
       --warmup 2 > "/tmp/gcmoe-trace-$gemm.txt" 2>&1

@@ -3,6 +3,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include "server/bench_ep.h"
 #include "server/bench_layer.h"
 #include "server/commands.h"
@@ -19,6 +22,9 @@ int RunBenchCommand(int argc, char** argv) {
                  "          exchange against the NCCL all-to-all baseline, balancer off and on\n");
     return argc < 2 ? 2 : 0;
   }
+  // Tables go to stdout; log entries (the engine's, GCMOE_CUDA_TRACE's role2 summaries) to
+  // stderr, so that they never end up inside a table that is redirected to a file.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("gcmoe-bench"));
   if (std::strcmp(argv[1], "layer") == 0) return RunBenchLayer(argc - 1, argv + 1);
   if (std::strcmp(argv[1], "ep") == 0) return RunBenchEp(argc - 1, argv + 1);
   std::fprintf(stderr, "gcmoe bench: unknown benchmark \"%s\" (expected layer or ep)\n", argv[1]);

@@ -25,7 +25,8 @@ constexpr Command kCommands[] = {
      "config files: validate FILE | show | default"},
     {"balance", gcmoe::server::RunBalanceCommand,
      "balancer tools: eplb (EPLB-compatible placement) | replay (routing traces)"},
-    {"bench", gcmoe::server::RunBenchCommand, "benchmarks: layer (GPU layer latency and floor)"},
+    {"bench", gcmoe::server::RunBenchCommand,
+     "benchmarks: layer (GPU layer latency and floor) | ep (a layer over several GPUs)"},
     {"weights", gcmoe::server::RunWeightsCommand,
      "weight files: export (synthetic to safetensors) | check FILE"},
 };
