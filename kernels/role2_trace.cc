@@ -7,6 +7,8 @@
 #include <map>
 #include <vector>
 
+#include "common/percentile.h"
+
 namespace gcmoe::kernels {
 namespace {
 
@@ -15,12 +17,6 @@ constexpr const char* kKindNames[4] = {"shared W1", "routed W1", "shared W2", "r
 double Us(uint64_t from, uint64_t to) {
   return to >= from ? static_cast<double>(to - from) / 1000.0
                     : -static_cast<double>(from - to) / 1000.0;
-}
-
-// Nearest-rank percentile of sorted values.
-double Percentile(const std::vector<double>& sorted, double q) {
-  const size_t i = static_cast<size_t>(q * static_cast<double>(sorted.size() - 1) + 0.5);
-  return sorted[std::min(i, sorted.size() - 1)];
 }
 
 std::string Line(const char* format, ...) __attribute__((format(printf, 1, 2)));
@@ -35,8 +31,9 @@ std::string Line(const char* format, ...) {
 
 std::string Spread(const char* what, std::vector<double> values) {
   std::sort(values.begin(), values.end());
-  return Line("    %-6s med %8.1f  p90 %8.1f  max %8.1f us", what, Percentile(values, 0.5),
-              Percentile(values, 0.9), values.back());
+  return Line("    %-6s med %8.1f  p90 %8.1f  max %8.1f us", what,
+              NearestRankPercentile<double>(values, 0.5),
+              NearestRankPercentile<double>(values, 0.9), values.back());
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/percentile.h"
 #include "engine/numerics.h"
 
 namespace gcmoe::server {
@@ -29,7 +30,7 @@ Result<std::vector<int>> ParseTokenList(const std::string& text) {
 
 double Percentile(std::vector<float> values, double q) {
   std::sort(values.begin(), values.end());
-  return values[static_cast<size_t>(q * (values.size() - 1) + 0.5)];
+  return NearestRankPercentile<float>(values, q);
 }
 
 Bf16Difference CompareBf16(std::span<const uint8_t> a, std::span<const uint8_t> b) {

@@ -13,7 +13,7 @@ namespace gcmoe::server {
 // "1,2,4,...": token counts 1..65536 (the --tokens-per-rank flag).
 Result<std::vector<int>> ParseTokenList(const std::string& text);
 
-// The q-quantile (0..1) of `values` (nearest rank); values must not be empty.
+// The q-quantile (0..1) of `values`: common/percentile.h's nearest rank, after sorting.
 double Percentile(std::vector<float> values, double q);
 
 // How two BF16 layer outputs differ, value by value.

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <numeric>
 
+#include "common/percentile.h"
 #include "server/client_tensors.h"
 
 namespace gcmoe::server::client {
@@ -34,11 +35,8 @@ void AddInto(std::vector<int64_t>* sums, const google::protobuf::RepeatedField<i
 }  // namespace
 
 double Percentile(std::vector<double> values, double p) {
-  if (values.empty()) return 0.0;
   std::sort(values.begin(), values.end());
-  const double rank = std::ceil(p / 100.0 * static_cast<double>(values.size()));
-  const size_t index = rank < 1.0 ? 0 : static_cast<size_t>(rank) - 1;
-  return values[std::min(index, values.size() - 1)];
+  return NearestRankPercentile<double>(values, p / 100.0);
 }
 
 double SpatialUtilization(const google::protobuf::RepeatedField<int64_t>& loads) {

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "common/percentile.h"
+
 namespace gcmoe::server {
 namespace {
 
@@ -14,10 +16,7 @@ int64_t NowNs() {
 }
 
 double Percentile(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0;
-  // Nearest rank: the smallest sample with at least q of the samples at or below it.
-  const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(sorted.size())));
-  return sorted[std::min(sorted.size() - 1, rank == 0 ? 0 : rank - 1)];
+  return NearestRankPercentile<double>(sorted, q);
 }
 
 }  // namespace
