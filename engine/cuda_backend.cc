@@ -650,13 +650,8 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
 }
 
 void CudaBackend::LogRole2Trace(const kernels::StepHeader& header, uint64_t generation) const {
-  const ModelSpec& m = options_.model;
-  const int64_t tasks = static_cast<int64_t>(header.num_blocks) *
-                            (m.intermediate / 32 + m.hidden / kernels::kTileRows) +
-                        static_cast<int64_t>(header.num_shared_blocks) *
-                            (m.shared_intermediate / 32 + m.hidden / kernels::kTileRows);
   std::vector<kernels::TaskTrace> trace;
-  if (const cudaError_t err = graph_->ReadRole2Trace(tasks, &trace); err != cudaSuccess) {
+  if (const cudaError_t err = graph_->ReadRole2Trace(header, &trace); err != cudaSuccess) {
     spdlog::warn("rank {}: step {}: reading the role2 trace: {}", options_.rank, generation,
                  cudaGetErrorString(err));
     return;

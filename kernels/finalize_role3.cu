@@ -96,10 +96,8 @@ __global__ void __launch_bounds__(kRoleThreads)
   // The replay's bookkeeping, before it is reset (role2 has finished: graph dependency).
   if (threadIdx.x == 0 && !StepAborted(env) && p.diag != nullptr) {
     const int n1 = p.dims.intermediate / 32;
-    const int n1s = p.dims.shared_intermediate / 32;
-    const int n2 = H / kTileRows;
-    const uint32_t tasks = static_cast<uint32_t>(hdr.num_shared_blocks * (n1s + n2) +
-                                                 hdr.num_blocks * (n1 + n2));
+    const uint32_t tasks =
+        static_cast<uint32_t>(Role2TaskCount(p.dims, hdr.num_blocks, hdr.num_shared_blocks));
     const uint32_t claims = tasks + static_cast<uint32_t>(p.role2_grid);
     int broken = 0, index = 0;
     uint32_t expected = 0, seen = 0;

@@ -230,9 +230,7 @@ cudaError_t LayerGraph::Allocate() {
   alloc(&counters_, static_cast<int64_t>(counter_words_) * 4);
   if (options_.trace_role2) {
     // The largest task space: every block at BM 8, plus the shared expert's blocks.
-    const int64_t tiles = I / 32 + H / kTileRows;
-    const int64_t shared_tiles = Is > 0 ? Is / 32 + H / kTileRows : 0;
-    task_trace_cap_ = static_cast<int>(max_blocks8 * tiles + CeilDiv(cap, 8) * shared_tiles);
+    task_trace_cap_ = static_cast<int>(Role2TaskCount(d, max_blocks8, CeilDiv(cap, 8)));
     alloc(&task_trace_, static_cast<int64_t>(task_trace_cap_) * sizeof(TaskTrace));
   }
   if (options_.record_sm_ids) {
@@ -462,8 +460,10 @@ cudaError_t LayerGraph::ClearRole2Trace() {
                          pair_->compute_stream);
 }
 
-cudaError_t LayerGraph::ReadRole2Trace(int64_t tasks, std::vector<TaskTrace>* trace) const {
-  if (task_trace_ == nullptr || tasks < 0) return cudaErrorInvalidValue;
+cudaError_t LayerGraph::ReadRole2Trace(const StepHeader& header,
+                                       std::vector<TaskTrace>* trace) const {
+  if (task_trace_ == nullptr) return cudaErrorInvalidValue;
+  const int64_t tasks = Role2TaskCount(options_.dims, header.num_blocks, header.num_shared_blocks);
   trace->resize(static_cast<size_t>(std::min<int64_t>(tasks, task_trace_cap_)));
   cudaError_t err = cudaStreamSynchronize(pair_->compute_stream);
   if (err != cudaSuccess) return err;

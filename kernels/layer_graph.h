@@ -121,10 +121,10 @@ class LayerGraph {
   // With record_sm_ids: the SM of each role1 and role2 CTA of the last replay of `bm`.
   cudaError_t ReadSmIds(int bm, std::vector<int>* role1, std::vector<int>* role2) const;
   // With trace_role2: forget the recorded tasks (on the step stream, before a replay), and
-  // read the first `tasks` records of the last replay (synchronous). Both fail with
-  // cudaErrorInvalidValue without trace_role2.
+  // read the records of the last replay of the step `header` describes (synchronous). Both
+  // fail with cudaErrorInvalidValue without trace_role2.
   cudaError_t ClearRole2Trace();
-  cudaError_t ReadRole2Trace(int64_t tasks, std::vector<TaskTrace>* trace) const;
+  cudaError_t ReadRole2Trace(const StepHeader& header, std::vector<TaskTrace>* trace) const;
 
  private:
   LayerGraph() = default;

@@ -42,6 +42,16 @@ struct LayerDims {
   float clamp = 0.0f;
 };
 
+// role2's tasks in a step (role2_tasks_sm90.cuh hands them out): per routed block its W1 tiles
+// (32 SwiGLU features each, I/32) and W2 tiles (H/64); per shared-expert block the same over I_s.
+GCMOE_HOST_DEVICE constexpr int64_t Role2TaskCount(const LayerDims& d, int64_t blocks,
+                                                   int64_t shared_blocks) {
+  const int64_t w2_tiles = d.hidden / kTileRows;
+  const int64_t shared = d.shared_intermediate > 0 ? shared_blocks : 0;
+  return blocks * (d.intermediate / 32 + w2_tiles) +
+         shared * (d.shared_intermediate / 32 + w2_tiles);
+}
+
 // One row of the receive index and of a ring block's metadata: which source token and slot a
 // row carries and its routing weight. 16 bytes so a lane moves it with one vector access.
 struct RowMeta {

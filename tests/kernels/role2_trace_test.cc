@@ -37,6 +37,25 @@ TEST(Role2TraceTest, SummarizesWaitsRunsAndTheSlowestTask) {
   EXPECT_EQ(s.find("shared W1"), std::string::npos);  // no task of that kind
 }
 
+TEST(Role2TaskCountTest, CountsW1AndW2TilesOfEveryBlock) {
+  // The GLM-5.2 layer (H 6144, I 2048): 64 W1 and 96 W2 tiles per block. The block and task
+  // counts are the pairs the GPU's role2 trace reported on 2 x H200 (2026-11-29).
+  LayerDims glm;
+  glm.hidden = 6144;
+  glm.intermediate = 2048;
+  EXPECT_EQ(Role2TaskCount(glm, 3, 0), 480);
+  EXPECT_EQ(Role2TaskCount(glm, 8, 0), 1280);
+  EXPECT_EQ(Role2TaskCount(glm, 12, 0), 1920);
+  EXPECT_EQ(Role2TaskCount(glm, 14, 0), 2240);
+  EXPECT_EQ(Role2TaskCount(glm, 3, 5), 480);  // no shared expert: its blocks count nothing
+  // With a shared expert (H 5120, I = I_s = 2304): 72 W1 + 80 W2 tiles per block of either.
+  LayerDims shared;
+  shared.hidden = 5120;
+  shared.intermediate = 2304;
+  shared.shared_intermediate = 2304;
+  EXPECT_EQ(Role2TaskCount(shared, 2, 1), 3 * (72 + 80));
+}
+
 TEST(Role2TraceTest, SaysSoWhenNothingWasRecorded) {
   const std::vector<TaskTrace> trace(3);
   EXPECT_EQ(SummarizeRole2Trace(trace), "role2 trace: no task recorded (3 expected)\n");
