@@ -88,6 +88,18 @@ std::vector<std::string> SplitList(const std::string& text) {
   return items;
 }
 
+// Whether every item of a comma-separated flag value is `a` or `b`; says which is not.
+bool ListsOnly(const char* flag, const std::string& list, const char* a, const char* b) {
+  for (const std::string& item : SplitList(list)) {
+    if (item != a && item != b) {
+      std::fprintf(stderr, "gcmoe bench ep: %s lists %s and %s, not %s\n", flag, a, b,
+                   item.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
 // Starts one rank process per GPU (this executable, the same flags plus --rank and
 // --rendezvous) and waits for all; the first failure's exit code is the result.
 int Launch(int argc, char** argv, const Options& o) {
@@ -307,9 +319,7 @@ int RunRank(const Options& o) {
       options.rank = me;
       options.world_size = P;
       options.max_tokens_per_rank = std::max(max_tokens, config->engine.max_tokens_per_rank);
-      options.device = me < static_cast<int>(config->parallel.devices.size())
-                           ? config->parallel.devices[me]
-                           : me;
+      options.device = DeviceOfRank(*config, me);
       options.dispatch_sms = o.dispatch_sms >= 0 ? o.dispatch_sms : config->engine.dispatch_sms;
       options.exchange = exchange;
       options.instance = "bench-ep";
@@ -486,17 +496,9 @@ int RunBenchEp(int argc, char** argv) {
     std::fprintf(stderr, "gcmoe bench ep: --ranks must be 1..8\n");
     return 2;
   }
-  for (const std::string& e : SplitList(o.exchanges)) {
-    if (e != "gcmoe" && e != "nccl") {
-      std::fprintf(stderr, "gcmoe bench ep: --exchange lists gcmoe and nccl, not %s\n", e.c_str());
-      return 2;
-    }
-  }
-  for (const std::string& b : SplitList(o.balancers)) {
-    if (b != "off" && b != "on") {
-      std::fprintf(stderr, "gcmoe bench ep: --balancer lists off and on, not %s\n", b.c_str());
-      return 2;
-    }
+  if (!ListsOnly("--exchange", o.exchanges, "gcmoe", "nccl") ||
+      !ListsOnly("--balancer", o.balancers, "off", "on")) {
+    return 2;
   }
   if (o.replays < 1 || o.warmup < 0) {
     std::fprintf(stderr, "gcmoe bench ep: --replays must be >= 1 and --warmup >= 0\n");

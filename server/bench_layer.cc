@@ -33,6 +33,7 @@
 #include "engine/step_plan.h"
 #include "server/bench_random_weights.h"
 #include "server/bench_util.h"
+#include "server/engine_config.h"
 #include "server/flags.h"
 
 #if GCMOE_HAVE_CUDA
@@ -41,20 +42,6 @@
 
 namespace gcmoe::server {
 namespace {
-
-engine::ModelSpec ModelFromConfig(const config::ModelConfig& m) {
-  engine::ModelSpec spec;
-  spec.hidden = m.hidden;
-  spec.intermediate = m.intermediate;
-  spec.num_experts = m.experts;
-  spec.top_k = m.top_k;
-  spec.num_layers = 1;  // the harness runs layer 0 only
-  spec.shared_intermediate = m.shared_intermediate;
-  spec.activation_alpha = m.activation_alpha;
-  spec.activation_clamp = m.activation_clamp;
-  spec.weights = m.weights;
-  return spec;
-}
 
 #if GCMOE_HAVE_CUDA
 struct Row {
@@ -120,7 +107,8 @@ int RunBenchLayer(int argc, char** argv) {
     std::fprintf(stderr, "gcmoe bench layer: %s\n", config.status().ToString().c_str());
     return 2;
   }
-  engine::ModelSpec spec = ModelFromConfig(config->model);
+  engine::ModelSpec spec = ModelSpecFromConfig(*config);
+  spec.num_layers = 1;  // the harness runs layer 0 only
   if (shared_intermediate >= 0) spec.shared_intermediate = shared_intermediate;
   if (replays < 1 || warmup < 0) {
     std::fprintf(stderr, "gcmoe bench layer: --replays must be >= 1 and --warmup >= 0\n");
@@ -139,7 +127,7 @@ int RunBenchLayer(int argc, char** argv) {
   engine::BackendOptions options;
   options.model = spec;
   options.max_tokens_per_rank = std::max(max_tokens, config->engine.max_tokens_per_rank);
-  options.device = config->parallel.devices.empty() ? 0 : config->parallel.devices[0];
+  options.device = DeviceOfRank(*config, 0);
   options.dispatch_sms = dispatch_sms >= 0 ? dispatch_sms : config->engine.dispatch_sms;
   if (!gemm.empty()) setenv("GCMOE_CUDA_GEMM", gemm.c_str(), 1);
   options.instance = "bench";

@@ -25,6 +25,11 @@ engine::ModelSpec ModelSpecFromConfig(const config::Config& config) {
   return spec;
 }
 
+int DeviceOfRank(const config::Config& config, int rank) {
+  return rank < static_cast<int>(config.parallel.devices.size()) ? config.parallel.devices[rank]
+                                                                 : rank;
+}
+
 engine::EngineOptions EngineOptionsFromConfig(const config::Config& config, int rank,
                                               const std::string& instance) {
   engine::EngineOptions options;
@@ -37,10 +42,7 @@ engine::EngineOptions EngineOptionsFromConfig(const config::Config& config, int 
   b.threads = config.engine.threads;
   b.exchange_timeout_ms = config.engine.exchange_timeout_ms;
   b.instance = instance;
-  // One GPU per rank: parallel.devices names them, else rank r takes device r.
-  b.device = rank < static_cast<int>(config.parallel.devices.size())
-                 ? config.parallel.devices[rank]
-                 : rank;
+  b.device = DeviceOfRank(config, rank);
   b.dispatch_sms = config.engine.dispatch_sms;
   b.exchange = config.engine.exchange;
   return options;

@@ -19,6 +19,9 @@ inline constexpr int kDefaultReliefPasses = 12;
 
 engine::ModelSpec ModelSpecFromConfig(const config::Config& config);
 
+// The GPU of `rank`: parallel.devices[rank] when listed, else device `rank` (one GPU per rank).
+int DeviceOfRank(const config::Config& config, int rank);
+
 engine::EngineOptions EngineOptionsFromConfig(const config::Config& config, int rank,
                                               const std::string& instance);
 
