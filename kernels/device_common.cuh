@@ -10,6 +10,7 @@
 #include <cuda_fp8.h>
 
 #include "kernels/layer_types.h"
+#include "kernels/scale_bytes.h"
 
 namespace gcmoe::kernels {
 
@@ -134,11 +135,6 @@ static __device__ __noinline__ bool WaitAtLeast(WaitEnv env, const uint32_t* fla
 
 // ---- number formats (engine/numerics.h, bit for bit) ------------------------------------------
 
-// UE8M0 code -> 2^(code-127). Code 255 (NaN) never reaches the device: weights are checked at
-// load and activation scales are computed in [0, 254].
-__device__ __forceinline__ float DecodeUe8m0(uint32_t code) {
-  return __uint_as_float(code == 0 ? 0x00400000u : (code << 23));
-}
 // 2^(127 - code): the exact inverse of a block scale (a multiply equals the division).
 __device__ __forceinline__ float InverseScale(uint32_t code) {
   const int e = 127 - static_cast<int>(code);  // [-127, 127]
@@ -166,22 +162,5 @@ __device__ __forceinline__ uint32_t Bf16Bits(float v) {
   return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
 }
 __device__ __forceinline__ float Bf16ToFloat(uint32_t bits) { return __uint_as_float(bits << 16); }
-
-__device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t b, uint32_t selector) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
-  return d;
-}
-
-// Four E2M1 codes (nibble i of the low 16 bits: element i, the packing of DESIGN.md §4) to four
-// E4M3 codes (byte i). Every E2M1 value is exactly an E4M3 value: 0.5 -> 0x30 ... 6 -> 0x4C.
-// The magnitude is a byte permute over an 8-entry table; the sign comes from prmt's
-// sign-replicate mode: a selector nibble with bit 3 set replicates bit 7 of the chosen byte
-// (0x80 -> 0xFF), otherwise copies it (0x80), so bit 0 of each result byte is the sign.
-__device__ __forceinline__ uint32_t E2m1x4ToE4m3x4(uint32_t nibbles) {
-  const uint32_t magnitude = Prmt(0x3C383000u, 0x4C484440u, nibbles & 0x7777u);
-  const uint32_t sign = Prmt(0x80808080u, 0x80808080u, nibbles & 0xFFFFu);
-  return magnitude | ((sign << 7) & 0x80808080u);
-}
 
 }  // namespace gcmoe::kernels

@@ -175,12 +175,13 @@ __device__ __forceinline__ void TileMainloop(const GemmOperand& op, uint8_t* sta
     for (int kb = 0; kb < 4; ++kb) {
       uint32_t a0, a1, a2, a3;
       if constexpr (kFp4) {
-        const uint32_t row_g = w[kb * 2];
-        const uint32_t row_g8 = w[kb * 2 + 1];
-        a0 = E2m1x4ToE4m3x4(row_g);
-        a2 = E2m1x4ToE4m3x4(row_g >> 16);
-        a1 = E2m1x4ToE4m3x4(row_g8);
-        a3 = E2m1x4ToE4m3x4(row_g8 >> 16);
+        // E4M3 codes of the values times 2^-6 (weight_tiles_sm90.h): paid after the loop.
+        const E4m3Pair row_g = DecodeE2m1Word(w[kb * 2]);
+        const E4m3Pair row_g8 = DecodeE2m1Word(w[kb * 2 + 1]);
+        a0 = row_g.lo;
+        a2 = row_g.hi;
+        a1 = row_g8.lo;
+        a3 = row_g8.hi;
       } else {
         a0 = w[kb * 4 + 0];
         a2 = w[kb * 4 + 1];
@@ -188,16 +189,15 @@ __device__ __forceinline__ void TileMainloop(const GemmOperand& op, uint8_t* sta
         a3 = w[kb * 4 + 3];
       }
       const uint32_t sw_word = kb < 2 ? sw.x : sw.y;
-      const int sw_shift = (kb & 1) * 16;
-      const float scale_g = DecodeUe8m0((sw_word >> sw_shift) & 0xFFu);
-      const float scale_g8 = DecodeUe8m0((sw_word >> (sw_shift + 8)) & 0xFFu);
+      const float scale_g = WeightScale(sw_word, (kb & 1) * 2);
+      const float scale_g8 = WeightScale(sw_word, (kb & 1) * 2 + 1);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         if (nt * 8 < op.rows) {
           float d[4];
           MmaE4m3(a0, a1, a2, a3, b[nt][kb].x, b[nt][kb].y, d);
-          const float sx0 = DecodeUe8m0((sx_lo[nt] >> (8 * kb)) & 0xFFu);
-          const float sx1 = DecodeUe8m0((sx_hi[nt] >> (8 * kb)) & 0xFFu);
+          const float sx0 = ActivationScale(sx_lo[nt], kb);
+          const float sx1 = ActivationScale(sx_hi[nt], kb);
           // Products of powers of two: exact, so this is the sum of the exactly scaled
           // products, only in another order than the CPU's.
           acc[nt][0] = fmaf(d[0], scale_g * sx0, acc[nt][0]);
@@ -218,6 +218,13 @@ __device__ __forceinline__ void TileMainloop(const GemmOperand& op, uint8_t* sta
     }
   }
   CpAsyncWait<0>();
+  if constexpr (kFp4) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[nt][i] *= kE2m1DecodeScale;  // exact: a power of two
+    }
+  }
 }
 
 // The tile's FP32 results, both contraction halves: red[half][row 0..63][token].

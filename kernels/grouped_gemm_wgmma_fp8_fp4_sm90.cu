@@ -15,7 +15,8 @@
 //     scales through cp.async (L2 only), released on the same barrier kLagStages stages later.
 //     The ring spans task boundaries, so the next task's weights stream during this epilogue.
 //   consumers: per stage, two 16-byte shared loads per lane (E2M1) give the A fragments of the
-//     four K32 scale blocks; FP4 is decoded to E4M3 in registers (byte permutes), then one of
+//     four K32 scale blocks; FP4 is decoded to E4M3 (times 2^-6) in registers by masks and one
+//     rotation (weight_tiles_sm90.h), then one of
 //       kWgmma = true:  wgmma m64nNk32 E4M3 (A from registers, B = activations by descriptor)
 //                       into a fresh FP32 tile per K32, folded in while the next K32 runs;
 //       kWgmma = false: mma.sync m16n8k32 E4M3 per warp from the same shared-memory B (the
@@ -319,13 +320,12 @@ template <int N, int BM>
 __device__ __forceinline__ void FoldScaled(float (&acc)[BM / 2], const float* tile, uint2 sw,
                                            const uint32_t (&sx)[N / 8][2], int kb) {
   const uint32_t sw_word = kb < 2 ? sw.x : sw.y;
-  const int sw_shift = (kb & 1) * 16;
-  const float scale_g = DecodeUe8m0((sw_word >> sw_shift) & 0xFFu);
-  const float scale_g8 = DecodeUe8m0((sw_word >> (sw_shift + 8)) & 0xFFu);
+  const float scale_g = WeightScale(sw_word, (kb & 1) * 2);
+  const float scale_g8 = WeightScale(sw_word, (kb & 1) * 2 + 1);
 #pragma unroll
   for (int j = 0; j < N / 8; ++j) {
-    const float sx0 = DecodeUe8m0((sx[j][0] >> (8 * kb)) & 0xFFu);
-    const float sx1 = DecodeUe8m0((sx[j][1] >> (8 * kb)) & 0xFFu);
+    const float sx0 = ActivationScale(sx[j][0], kb);
+    const float sx1 = ActivationScale(sx[j][1], kb);
     acc[4 * j + 0] = fmaf(tile[4 * j + 0], scale_g * sx0, acc[4 * j + 0]);
     acc[4 * j + 1] = fmaf(tile[4 * j + 1], scale_g * sx1, acc[4 * j + 1]);
     acc[4 * j + 2] = fmaf(tile[4 * j + 2], scale_g8 * sx0, acc[4 * j + 2]);
@@ -386,12 +386,13 @@ __device__ __forceinline__ void Mainloop(const TaskDesc& d, const uint8_t* stage
     for (int kb = 0; kb < 4; ++kb) {
       uint32_t a[4];
       if constexpr (kFp4) {
-        const uint32_t row_g = w[kb * 2];
-        const uint32_t row_g8 = w[kb * 2 + 1];
-        a[0] = E2m1x4ToE4m3x4(row_g);
-        a[2] = E2m1x4ToE4m3x4(row_g >> 16);
-        a[1] = E2m1x4ToE4m3x4(row_g8);
-        a[3] = E2m1x4ToE4m3x4(row_g8 >> 16);
+        // E4M3 codes of the values times 2^-6 (weight_tiles_sm90.h): paid after the loop.
+        const E4m3Pair row_g = DecodeE2m1Word(w[kb * 2]);
+        const E4m3Pair row_g8 = DecodeE2m1Word(w[kb * 2 + 1]);
+        a[0] = row_g.lo;
+        a[2] = row_g.hi;
+        a[1] = row_g8.lo;
+        a[3] = row_g8.hi;
       } else {
         a[0] = w[kb * 4 + 0];
         a[2] = w[kb * 4 + 1];
@@ -434,6 +435,10 @@ __device__ __forceinline__ void Mainloop(const TaskDesc& d, const uint8_t* stage
       FoldScaled<N, BM>(acc, tile1, sw, sx, 3);
     }
     MbarArrive(SmemAddr(&bars.empty[s]));  // this thread is done with stage s
+  }
+  if constexpr (kFp4) {
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) acc[i] *= kE2m1DecodeScale;  // exact: a power of two
   }
 }
 

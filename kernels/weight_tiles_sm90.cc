@@ -5,6 +5,11 @@
 namespace gcmoe::kernels {
 namespace {
 
+// E2M1 code of element `pos` of a packed row (two per byte, element 2i in the low nibble).
+uint8_t Nibble(const uint8_t* row, int pos) {
+  return static_cast<uint8_t>((row[pos / 2] >> (4 * (pos % 2))) & 0xF);
+}
+
 // One stripe: 16 source rows (their code and scale rows) over the whole contraction; its chunk
 // c goes to dst + c * 4 chunks (the tile interleaves the four stripes chunk by chunk).
 void PackStripe(TileFormat format, const uint8_t* const* code_rows,
@@ -22,10 +27,16 @@ void PackStripe(TileFormat format, const uint8_t* const* code_rows,
         for (int half = 0; half < 2; ++half) {
           const uint8_t* row = code_rows[g + 8 * half];
           if (format == TileFormat::kE2M1) {
-            // piece kb/2, then (kb%2, half) words of 4 bytes: 2 bytes (4 nibbles) per run.
+            // piece kb/2, then (kb%2, half) lane words of 4 bytes, one per (row, both runs).
             uint8_t* out = chunk + (kb / 2) * 512 + lane * 16 + (kb % 2) * 8 + half * 4;
-            std::memcpy(out, row + lo / 2, 2);
-            std::memcpy(out + 2, row + hi / 2, 2);
+            uint8_t lo_codes[4];
+            uint8_t hi_codes[4];
+            for (int i = 0; i < 4; ++i) {
+              lo_codes[i] = Nibble(row, lo + i);
+              hi_codes[i] = Nibble(row, hi + i);
+            }
+            const uint32_t word = PlaceE2m1Word(lo_codes, hi_codes);
+            for (int b = 0; b < 4; ++b) out[b] = static_cast<uint8_t>(word >> (8 * b));
           } else {
             uint8_t* out = chunk + kb * 512 + lane * 16 + half * 8;
             std::memcpy(out, row + lo, 4);

@@ -15,7 +15,8 @@
 //
 // Chunk in memory, E2M1 (1024 + 64 bytes):
 //   [piece p = 0,1][lane 0..31][16 bytes: kb=2p row g, kb=2p row g+8, kb=2p+1 row g, row g+8]
-//   (4 bytes each = 8 nibbles: 4 for positions 4t.., then 4 for 16+4t..)
+//   (4 bytes each: one lane word, 8 codes: 4 for positions 4t.., then 4 for 16+4t..; the bits
+//   of a word are placed for the register decode below, not stored as nibbles)
 // Chunk in memory, E4M3 (2048 + 64 bytes):
 //   [piece kb = 0..3][lane 0..31][16 bytes: row g (4 codes at 4t.., 4 at 16+4t..), row g + 8]
 // Both end with the scales: [g 0..7][kb 0..3][row g, row g + 8] (64 bytes).
@@ -30,6 +31,45 @@
 namespace gcmoe::kernels {
 
 enum class TileFormat { kE2M1, kE4M3 };
+
+// ---- lane words: E2M1 codes placed where E4M3 wants them --------------------------------------
+//
+// An E2M1 code s e1 e0 m, its bits moved to E4M3 bits 7, 4, 3, 2 (sign, the two exponent LSBs,
+// the mantissa MSB), is exactly the E4M3 code of its value times 2^-6: the normal codes keep
+// their exponent field with bias 7 instead of 1, and 0.5 becomes the E4M3 subnormal 2^-7. So a
+// decode is a mask, and the 2^6 is paid once on the FP32 result (kE2m1DecodeScale).
+//
+// A lane word holds the 4 codes of the low run (positions 4t..4t+3) in its E4M3 bit positions
+// {7, 4, 3, 2} of bytes 0..3, and the 4 codes of the high run (16+4t..) in the remaining bits,
+// placed so that one rotation and one shift bring them to the same positions:
+//   byte j: bit 7 s  lo[j]   bit 6 e1 hi[j]   bit 5 e0 hi[j]   bits 4,3,2 e1 e0 m lo[j]
+//           bit 1 s  hi[j-1 mod 4]            bit 0 m  hi[j]
+// Decode (5 integer instructions for 8 codes; the byte-permute table lookup it replaced took 11):
+//   lo = w & 0x9C9C9C9C
+//   hi = (rotr(w, 2) & 0x98989898) | ((w << 2) & 0x04040404)
+inline constexpr float kE2m1DecodeScale = 64.0f;
+
+GCMOE_HOST_DEVICE constexpr uint32_t PlaceE2m1Word(const uint8_t (&lo)[4], const uint8_t (&hi)[4]) {
+  uint32_t w = 0;
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t l = lo[j] & 0xFu;
+    const uint32_t h = hi[j] & 0xFu;
+    const uint32_t byte = ((l & 8u) << 4) | ((l & 7u) << 2) | (((h >> 1) & 3u) << 5) | (h & 1u);
+    w |= byte << (8 * j);
+    w |= ((h >> 3) & 1u) << (8 * ((j + 1) % 4) + 1);
+  }
+  return w;
+}
+
+// The E4M3 codes (times 2^-6) of a lane word's low and high runs: byte j is position j.
+struct E4m3Pair {
+  uint32_t lo;
+  uint32_t hi;
+};
+GCMOE_HOST_DEVICE inline E4m3Pair DecodeE2m1Word(uint32_t w) {
+  const uint32_t rotated = (w >> 2) | (w << 30);
+  return {w & 0x9C9C9C9Cu, (rotated & 0x98989898u) | ((w << 2) & 0x04040404u)};
+}
 
 inline constexpr int kChunkScaleBytes = 64;
 

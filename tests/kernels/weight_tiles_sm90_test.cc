@@ -1,9 +1,10 @@
 // The sm90 weight tiles against the mma.m16n8k32 fragment contract (kernels/weight_tiles_sm90.h):
-// every byte a lane reads for (stripe, chunk, scale block, row g / g+8, position) is the source
-// element the fragment needs. Also the in-register E2M1 -> E4M3 decode (byte permutes) against
-// numerics, with prmt emulated bit for bit.
+// every code a lane decodes for (stripe, chunk, scale block, row g / g+8, position) is the source
+// element the fragment needs, with the value numerics gives it. The decode is the kernels' own
+// function (host and device), checked against numerics' E2M1 and E4M3 tables.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -59,19 +60,26 @@ void CheckTiles(TileFormat format, bool gated, int rows_or_inter, int k) {
               // (i < 4) or 16 + 4t + i - 4 (the a0/a1 and a2/a3 registers).
               for (int i = 0; i < 8; ++i) {
                 const int pos = c * 128 + kb * 32 + (i < 4 ? 4 * t + i : 16 + 4 * t + i - 4);
-                uint8_t got, want;
+                float got, want;
                 if (format == TileFormat::kE2M1) {
-                  const uint8_t* word =
+                  const uint8_t* bytes =
                       chunk + (kb / 2) * 512 + lane * 16 + ((kb % 2) * 2 + half) * 4;
-                  got = (word[i / 2] >> (4 * (i % 2))) & 0xF;
-                  want = (codes[static_cast<size_t>(row) * code_row + pos / 2] >> (4 * (pos % 2))) &
-                         0xF;
+                  const uint32_t word = static_cast<uint32_t>(bytes[0]) | (bytes[1] << 8) |
+                                        (bytes[2] << 16) | (static_cast<uint32_t>(bytes[3]) << 24);
+                  const E4m3Pair pair = DecodeE2m1Word(word);
+                  const uint32_t reg = i < 4 ? pair.lo : pair.hi;
+                  got = numerics::DecodeE4M3(static_cast<uint8_t>(reg >> (8 * (i % 4)))) *
+                        kE2m1DecodeScale;
+                  want = numerics::DecodeE2M1(static_cast<uint8_t>(
+                      codes[static_cast<size_t>(row) * code_row + pos / 2] >> (4 * (pos % 2))));
                 } else {
-                  got = chunk[kb * 512 + lane * 16 + half * 8 + i];
-                  want = codes[static_cast<size_t>(row) * code_row + pos];
+                  got = numerics::DecodeE4M3(chunk[kb * 512 + lane * 16 + half * 8 + i]);
+                  want = numerics::DecodeE4M3(codes[static_cast<size_t>(row) * code_row + pos]);
                 }
-                ASSERT_EQ(got, want) << "tile " << tile << " stripe " << stripe << " chunk " << c
-                                     << " lane " << lane << " kb " << kb << " half " << half;
+                // Bit-equal floats: NaN codes (E4M3 only) compare by bits, signed zeros too.
+                ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
+                    << "tile " << tile << " stripe " << stripe << " chunk " << c << " lane " << lane
+                    << " kb " << kb << " half " << half << " element " << i;
                 ++checked;
               }
               const uint8_t scale = chunk[ChunkPayloadBytes(format) + g * 8 + kb * 2 + half];
@@ -90,37 +98,30 @@ TEST(WeightTilesSm90, PlainE2M1MatchesFragments) { CheckTiles(TileFormat::kE2M1,
 TEST(WeightTilesSm90, GatedE4M3MatchesFragments) { CheckTiles(TileFormat::kE4M3, true, 64, 256); }
 TEST(WeightTilesSm90, PlainE4M3MatchesFragments) { CheckTiles(TileFormat::kE4M3, false, 64, 128); }
 
-// prmt.b32 d, a, b, c (default mode): byte n of d is byte (c >> 4n) & 7 of {b, a}, or, when bit
-// 3 of that selector nibble is set, that byte's bit 7 replicated.
-uint32_t Prmt(uint32_t a, uint32_t b, uint32_t c) {
-  const uint64_t source = (static_cast<uint64_t>(b) << 32) | a;
-  uint32_t d = 0;
-  for (int n = 0; n < 4; ++n) {
-    const uint32_t nibble = (c >> (4 * n)) & 0xF;
-    uint32_t byte = (source >> (8 * (nibble & 7))) & 0xFF;
-    if (nibble & 8) byte = (byte & 0x80) ? 0xFF : 0x00;
-    d |= byte << (8 * n);
-  }
-  return d;
-}
-
-// device_common.cuh E2m1x4ToE4m3x4, on the host.
-uint32_t E2m1x4ToE4m3x4(uint32_t nibbles) {
-  const uint32_t magnitude = Prmt(0x3C383000u, 0x4C484440u, nibbles & 0x7777u);
-  const uint32_t sign = Prmt(0x80808080u, 0x80808080u, nibbles & 0xFFFFu);
-  return magnitude | ((sign << 7) & 0x80808080u);
-}
-
-TEST(WeightTilesSm90, E2M1ToE4M3DecodeIsExact) {
-  for (uint32_t x = 0; x < 0x10000; x += 7) {
-    const uint32_t out = E2m1x4ToE4m3x4(x);
-    for (int i = 0; i < 4; ++i) {
-      const uint8_t nibble = (x >> (4 * i)) & 0xF;
-      const uint8_t code = (out >> (8 * i)) & 0xFF;
-      const float want = numerics::DecodeE2M1(nibble);
-      const float got = numerics::DecodeE4M3(code);
-      ASSERT_EQ(got, want) << "nibble " << int(nibble);
-      ASSERT_EQ(code >> 7, nibble >> 3) << "sign of nibble " << int(nibble);
+// Every code in every slot of a lane word: each of the 16 codes at each of the 8 positions,
+// with the other 7 positions holding random codes (so no slot's bits leak into another's).
+TEST(WeightTilesSm90, LaneWordDecodeIsExactForEveryCodeInEverySlot) {
+  std::mt19937 rng(7);
+  for (int slot = 0; slot < 8; ++slot) {
+    for (int code = 0; code < 16; ++code) {
+      for (int trial = 0; trial < 64; ++trial) {
+        uint8_t lo[4];
+        uint8_t hi[4];
+        for (int j = 0; j < 4; ++j) {
+          lo[j] = static_cast<uint8_t>(rng() & 0xF);
+          hi[j] = static_cast<uint8_t>(rng() & 0xF);
+        }
+        (slot < 4 ? lo[slot] : hi[slot - 4]) = static_cast<uint8_t>(code);
+        const E4m3Pair pair = DecodeE2m1Word(PlaceE2m1Word(lo, hi));
+        for (int j = 0; j < 8; ++j) {
+          const uint8_t want_code = j < 4 ? lo[j] : hi[j - 4];
+          const uint8_t e4m3 = static_cast<uint8_t>((j < 4 ? pair.lo : pair.hi) >> (8 * (j % 4)));
+          const float got = numerics::DecodeE4M3(e4m3) * kE2m1DecodeScale;
+          const float want = numerics::DecodeE2M1(want_code);
+          ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
+              << "slot " << j << " code " << int(want_code) << " (tested slot " << slot << ")";
+        }
+      }
     }
   }
 }
