@@ -35,7 +35,8 @@
 //            kLagStages < stages, so the producer's empty wait never waits on itself; before
 //            any other blocking wait it releases everything.
 //   empty[s] count 128: every consumer thread, after its wgmma reading the stage completed
-//            (wait_group 0) and its own A loads; the producer waits on it before refilling.
+//            (wait_group 0) and a proxy fence behind its own shared loads (the refill's bulk
+//            copy writes through the async proxy); the producer waits on it before refilling.
 //   desc_full/desc_empty (2 slots): the task descriptor, published before its stages.
 #include <cstdint>
 
@@ -434,7 +435,15 @@ __device__ __forceinline__ void Mainloop(const TaskDesc& d, const uint8_t* stage
       for (int i = 0; i < N / 2; ++i) FenceOperand(tile1[i]);
       FoldScaled<N, BM>(acc, tile1, sw, sx, 3);
     }
-    MbarArrive(SmemAddr(&bars.empty[s]));  // this thread is done with stage s
+    // This thread is done with stage s. Its shared-memory reads are generic-proxy loads and
+    // the refill writes the A region through the async proxy (the bulk copy), so a proxy fence
+    // must order them. Without it ptxas issued the arrive while loads of the stage (the last
+    // K32's B and the scales) were still in flight, and under load (two ranks, roles
+    // overlapped) the refill overwrote data a warp had not read yet: one warp's stripe of a
+    // tile came out wrong (docs/PERFORMANCE.md, "Multi-GPU"). The fence (MEMBAR.ALL.CTA +
+    // FENCE.VIEW.ASYNC.S in SASS) waits for those loads; it cost nothing measurable.
+    FenceProxyAsyncShared();
+    MbarArrive(SmemAddr(&bars.empty[s]));
   }
   if constexpr (kFp4) {
 #pragma unroll
