@@ -8,11 +8,10 @@
 # multi, ep, race and trace need two or more GPUs: multi runs the multi-GPU test and the
 # multi-rank serve check, ep `gcmoe bench ep` on every GPU (EP_CONFIG, default the GLM-5.2
 # layer), race the stress that found the two-rank wrong outputs (docs/PERFORMANCE.md,
-# "Multi-GPU"): each role2 kernel, roles overlapped or in sequence, every step repeated
-# RACE_REPEAT times (default 150) and every output compared with the step's first and, at small
-# T, with the CPU backend (GCMOE_CUDA_OVERLAP_P=1 lifts the P > 1 sequential default,
-# GCMOE_CUDA_GEMM its kernel); trace logs role2's task timeline (GCMOE_CUDA_TRACE=1) of each
-# kernel at T = 1 and 16.
+# "Multi-GPU"): each role2 kernel, roles overlapped or in sequence (GCMOE_CUDA_SEQUENTIAL), every
+# step repeated RACE_REPEAT times (default 150) and every output compared with the step's first
+# and, at small T, with the CPU backend; trace logs role2's task timeline (GCMOE_CUDA_TRACE=1) of
+# each kernel at T = 1 and 16.
 #
 # Environment: BUNDLE (default .device), OUT (logs; default /tmp/gcmoe-gpu-checks),
 # GCMOE_CUDA_GEMM (role2 kernel for ctest/bench: stream default, wgmma, mma), TOKENS (bench).
@@ -195,7 +194,7 @@ if has race; then
   for gemm in stream wgmma mma; do
     for overlap in 1 0; do
       name="$gemm-overlap$overlap"
-      GCMOE_CUDA_GEMM=$gemm GCMOE_CUDA_OVERLAP_P=$overlap timeout 170 "$GCMOE" bench ep \
+      GCMOE_CUDA_GEMM=$gemm GCMOE_CUDA_SEQUENTIAL=$((1 - overlap)) timeout 170 "$GCMOE" bench ep \
         --config "$EP_CONFIG" --ranks "$GPUS" --tokens-per-rank 1,2,4,16 --replays 2 --warmup 0 \
         --repeat "${RACE_REPEAT:-150}" --check-cpu 2 > "$OUT/race-$name.txt" 2> "$OUT/race-$name.log"
       rc=$?

@@ -62,10 +62,8 @@ Status UploadTiles(bool gated, TileFormat format, const std::vector<uint8_t>& co
 
 }  // namespace
 
-Result<kernels::GemmKernel> ChooseRole2Kernel(int world_size, const char* requested) {
-  if (requested == nullptr || *requested == '\0') {
-    return world_size > 1 ? kernels::GemmKernel::kMmaSync : kernels::GemmKernel::kStreamMma;
-  }
+Result<kernels::GemmKernel> ChooseRole2Kernel(const char* requested) {
+  if (requested == nullptr || *requested == '\0') return kernels::GemmKernel::kStreamMma;
   const std::string name = requested;
   if (name == "mma") return kernels::GemmKernel::kMmaSync;
   if (name == "stream") return kernels::GemmKernel::kStreamMma;
@@ -148,25 +146,20 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   graph_options.dispatch_sms = options.dispatch_sms;
   graph_options.alltoall = alltoall;
   graph_options.ring_blocks = alltoall ? 0 : EnvInt("GCMOE_CUDA_RING_BLOCKS", 0);
-  // P > 1 runs the roles one after the other, role2 on the compute partition, for both
-  // exchanges, and computes role2 with the stepping-stone kernel (mma). On 2 x H200 machines
-  // (2026-11-29) the one-GPU default (stream) gave full-size outputs that differ between
-  // repeats of the same step, with the roles in sequence on the partition as well as
-  // overlapped, on some freshly started machines and not on others. The stepping stone and the
-  // wgmma variant never did in the same runs (docs/PERFORMANCE.md, "Multi-GPU"). Until the
-  // cause is found, P > 1 takes the kernel that showed no wrong output and has the default's
-  // numerics.
-  // GCMOE_CUDA_OVERLAP_P=1 and GCMOE_CUDA_GEMM lift both, to reproduce it
-  // (bench/gpu_checks.sh race).
-  graph_options.sequential = EnvInt("GCMOE_CUDA_SEQUENTIAL", 0) != 0 ||
-                             (options.world_size > 1 && EnvInt("GCMOE_CUDA_OVERLAP_P", 0) == 0);
+  // The `stream` role2 on every P (ChooseRole2Kernel). P > 1 runs the roles one after the
+  // other by default: overlapped, the 2 x H200 steps were correct but slow and erratic (T = 1:
+  // 4.6 ms against 0.2 ms for NCCL; docs/PERFORMANCE.md, "Multi-GPU"). GCMOE_CUDA_SEQUENTIAL=0
+  // or 1 forces either on any P. (Sessions 2 and 3 had sequenced P > 1, then given it the
+  // stepping stone, against wrong outputs; their cause was the stream consumers releasing a
+  // stage with shared loads in flight, fixed by a proxy fence.)
+  const int sequential = EnvInt("GCMOE_CUDA_SEQUENTIAL", -1);
+  graph_options.sequential = sequential >= 0 ? sequential != 0 : options.world_size > 1;
   graph_options.timeout_ns =
       static_cast<uint64_t>(std::max(1, EnvInt("GCMOE_CUDA_WAIT_TIMEOUT_MS", 5000))) * 1000000ull;
   graph_options.record_sm_ids = EnvInt("GCMOE_CUDA_RECORD_SM_IDS", 0) != 0;
   // Diagnostics: role2's task timeline, logged after every step (kernels/role2_trace.h).
   graph_options.trace_role2 = EnvInt("GCMOE_CUDA_TRACE", 0) != 0;
-  GCMOE_ASSIGN_OR_RETURN(graph_options.gemm,
-                         ChooseRole2Kernel(options.world_size, std::getenv("GCMOE_CUDA_GEMM")));
+  GCMOE_ASSIGN_OR_RETURN(graph_options.gemm, ChooseRole2Kernel(std::getenv("GCMOE_CUDA_GEMM")));
   std::unique_ptr<kernels::LayerGraph> graph;
   std::string message;
   err = kernels::LayerGraph::Create(graph_options, &graph, &message);

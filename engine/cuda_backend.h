@@ -8,14 +8,13 @@
 // peer access) and installs the bases in the layer graph's peer table. With exchange "nccl"
 // (the baseline) no peer memory is mapped: ConnectPeers joins an NCCL communicator from the
 // coordinator's unique id, and a step is NCCL all-to-all rounds around the same kernels,
-// launched eagerly on the compute partition. With P > 1 the fused roles also run one after
-// the other (see Create: overlapped roles gave wrong outputs on a 2-GPU machine).
+// launched eagerly on the compute partition.
 //
 // Knobs for tests and tuning (environment, read at creation):
 //   GCMOE_CUDA_RING_BLOCKS=N     ring slots per graph (default: no slot reuse within a step)
-//   GCMOE_CUDA_SEQUENTIAL=1      roles one after the other (tools that serialize kernels;
-//                                always so with P > 1, see Create)
-//   GCMOE_CUDA_OVERLAP_P=1       overlapped roles with P > 1 too (to reproduce the problem)
+//   GCMOE_CUDA_SEQUENTIAL=0|1    roles overlapped (0) or one after the other (1: tools that
+//                                serialize kernels); default overlapped on one GPU, in
+//                                sequence with P > 1 (see Create)
 //   GCMOE_CUDA_WAIT_TIMEOUT_MS=N device spin-wait limit (default 5000)
 //   GCMOE_CUDA_RECORD_SM_IDS=1   role1/role2 CTAs log their SM (ReadSmIds)
 //   GCMOE_CUDA_GEMM=K            role2 kernel: stream (default: warp-specialized bulk-copy
@@ -38,11 +37,9 @@
 
 namespace gcmoe::engine {
 
-// role2's kernel for one rank of a `world_size`-rank layer: `requested` (GCMOE_CUDA_GEMM: mma,
-// stream or wgmma) when set and not empty, else `stream` on one GPU and the stepping stone
-// (`mma`) for P > 1, the kernel that never gave a wrong output on two GPUs
-// (docs/PERFORMANCE.md, "Multi-GPU"). An unknown name is an InvalidArgument.
-Result<kernels::GemmKernel> ChooseRole2Kernel(int world_size, const char* requested);
+// role2's kernel: `requested` (GCMOE_CUDA_GEMM: mma, stream or wgmma) when set and not empty,
+// else `stream`, on any number of GPUs. An unknown name is an InvalidArgument.
+Result<kernels::GemmKernel> ChooseRole2Kernel(const char* requested);
 
 class CudaBackend final : public Backend {
  public:

@@ -33,22 +33,19 @@ TEST(CudaBackendCreate, RanksOutsideOneHostAreRejected) {
   }
 }
 
-TEST(CudaBackendCreate, Role2KernelIsStreamOnOneGpuAndTheSteppingStoneOnSeveral) {
+TEST(CudaBackendCreate, Role2KernelIsStreamUnlessGcmoeCudaGemmNamesAnother) {
   using kernels::GemmKernel;
-  const auto chosen = [](int world, const char* requested) {
-    auto kernel = ChooseRole2Kernel(world, requested);
+  const auto chosen = [](const char* requested) {
+    auto kernel = ChooseRole2Kernel(requested);
     EXPECT_TRUE(kernel.ok()) << kernel.status().ToString();
     return kernel.ok() ? *kernel : GemmKernel::kStreamWgmma;
   };
-  EXPECT_EQ(chosen(1, nullptr), GemmKernel::kStreamMma);
-  EXPECT_EQ(chosen(1, ""), GemmKernel::kStreamMma);
-  EXPECT_EQ(chosen(2, nullptr), GemmKernel::kMmaSync);
-  EXPECT_EQ(chosen(8, ""), GemmKernel::kMmaSync);
-  // GCMOE_CUDA_GEMM wins either way.
-  EXPECT_EQ(chosen(2, "stream"), GemmKernel::kStreamMma);
-  EXPECT_EQ(chosen(1, "mma"), GemmKernel::kMmaSync);
-  EXPECT_EQ(chosen(4, "wgmma"), GemmKernel::kStreamWgmma);
-  auto unknown = ChooseRole2Kernel(2, "cutlass");
+  EXPECT_EQ(chosen(nullptr), GemmKernel::kStreamMma);
+  EXPECT_EQ(chosen(""), GemmKernel::kStreamMma);
+  EXPECT_EQ(chosen("stream"), GemmKernel::kStreamMma);
+  EXPECT_EQ(chosen("mma"), GemmKernel::kMmaSync);
+  EXPECT_EQ(chosen("wgmma"), GemmKernel::kStreamWgmma);
+  auto unknown = ChooseRole2Kernel("cutlass");
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(unknown.status().message().find("GCMOE_CUDA_GEMM"), std::string::npos);
