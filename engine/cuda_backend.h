@@ -41,6 +41,12 @@ namespace gcmoe::engine {
 // else `stream`, on any number of GPUs. An unknown name is an InvalidArgument.
 Result<kernels::GemmKernel> ChooseRole2Kernel(const char* requested);
 
+// The block size (rows per ring block, 8/16/32/64) for a step whose rank computes a mean of
+// `rows_per_expert` routed rows per held expert: the size measured fastest on both model
+// slices (docs/PERFORMANCE.md, "Block size"). A smaller block streams an expert's weights once
+// more per extra block; a larger one multiplies empty token columns and fits fewer CTAs per SM.
+int BlockRowsForMeanRows(double rows_per_expert);
+
 class CudaBackend final : public Backend {
  public:
   static Result<std::unique_ptr<CudaBackend>> Create(const BackendOptions& options);

@@ -1,6 +1,8 @@
 // CreateCudaBackend's refusals, which need no GPU (run everywhere).
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "engine/backend.h"
 #include "engine/cuda_backend.h"
 #include "tests/kernels/gpu_test_util.h"
@@ -49,6 +51,21 @@ TEST(CudaBackendCreate, Role2KernelIsStreamUnlessGcmoeCudaGemmNamesAnother) {
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(unknown.status().message().find("GCMOE_CUDA_GEMM"), std::string::npos);
+}
+
+// The sweep behind the choice (docs/PERFORMANCE.md, "Block size"): the block size measured
+// fastest at each mean of rows per expert, GLM-5.2 and DeepSeek-V4.1-Flash slices on an H200.
+TEST(CudaBackendBlockRows, MatchesTheMeasuredFastestBlockSize) {
+  const std::pair<double, int> fastest[] = {{2, 8}, {4, 8}, {8, 16}, {16, 16}, {32, 32}, {64, 64}};
+  for (const auto& [mean, bm] : fastest) EXPECT_EQ(BlockRowsForMeanRows(mean), bm) << mean;
+  EXPECT_EQ(BlockRowsForMeanRows(0.0), 8);
+  EXPECT_EQ(BlockRowsForMeanRows(1000.0), 64);
+  // Never smaller for more rows.
+  int last = 8;
+  for (double mean = 0; mean < 200; mean += 0.25) {
+    EXPECT_GE(BlockRowsForMeanRows(mean), last) << mean;
+    last = BlockRowsForMeanRows(mean);
+  }
 }
 
 TEST(CudaBackendCreate, UnknownExchangeIsRejected) {
