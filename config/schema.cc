@@ -90,7 +90,9 @@ void ReadEngine(ObjectReader r, EngineConfig* e) {
   r.Int("max_tokens_per_rank", {.min = 1, .max = 1 << 20, .expected = "an integer in 1..1048576"},
         &e->max_tokens_per_rank);
   r.Int("exchange_timeout_ms", kPositiveMs, &e->exchange_timeout_ms);
-  r.Int("dispatch_sms", kPositive, &e->dispatch_sms);
+  r.Int("dispatch_sms",
+        {.min = 0, .expected = "a non-negative integer (0 = no dispatch partition)"},
+        &e->dispatch_sms);
   r.OneOf("exchange", {"gcmoe", "nccl"}, &e->exchange);
   r.Finish();
 }

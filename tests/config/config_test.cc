@@ -127,9 +127,10 @@ TEST(ConfigValues, AcceptsEveryFormOfTheSpecialKeys) {
                 {"balancer.passes=\"auto\"", "model.activation.clamp=null", "server.listen=[::1]:0",
                  "server.coordinator=10.0.0.1:7000", "balancer.topology=torus:1x2",
                  "model.weights=/data/w.safetensors", "server.step_timeout_ms=5000",
-                 "engine.exchange=nccl"});
+                 "engine.exchange=nccl", "engine.dispatch_sms=0"});
   EXPECT_FALSE(config.balancer.passes.has_value());
   EXPECT_EQ(config.engine.exchange, "nccl");
+  EXPECT_EQ(config.engine.dispatch_sms, 0);  // no dispatch partition
   EXPECT_FALSE(config.model.activation_clamp.has_value());
   EXPECT_EQ(config.server.listen, "[::1]:0");
   EXPECT_EQ(config.server.coordinator, "10.0.0.1:7000");
@@ -181,6 +182,14 @@ TEST(ConfigOverrides, BadOverridesAreReportedWithTheOtherProblems) {
             "override \"a..b=1\": expected key.path=value with non-empty keys between the dots\n"
             "parallel.ranks: expected an integer in 1..1024, got 0\n"
             "model.hiden: unknown key (did you mean model.hidden?)");
+}
+
+TEST(ConfigValues, NegativeDispatchSmsIsRejected) {
+  Result<Config> config = ParseConfig(DefaultConfigText(), "test", {"engine.dispatch_sms=-1"});
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().message(),
+            "engine.dispatch_sms: expected a non-negative integer (0 = no dispatch partition), got "
+            "-1");
 }
 
 TEST(ConfigOverrides, CreatesAbsentSections) {
