@@ -3,7 +3,11 @@
 # ../shared/tools/device-bundle made of build-cuda/gcmoe and build-cuda/tests/kernels/*:
 #
 #   bench/gpu_checks.sh [STAGE...]     stages: sass ctest sanitizer bench peer serve variants
-#                                      ablate ncu multi ep race trace (default: the first six)
+#                                      ablate ab ncu multi ep race trace (default: the first six)
+#
+# ab times this bundle's gcmoe against another build of it in the same call (AB_BASELINE: its
+# path, e.g. a second binary bundled as gcmoe-base), both slices, the two alternating twice, and
+# prints each T's medians and their ratio: how a change is measured (DESIGN.md §7).
 #
 # multi, ep, race and trace need two or more GPUs: multi runs the multi-GPU test and the
 # multi-rank serve check, ep `gcmoe bench ep` on every GPU (EP_CONFIG, default the GLM-5.2
@@ -139,6 +143,28 @@ if has ablate; then
     bench_rows "bm=$bm" --bm "$bm" --tokens-per-rank 8,64,256
   done
   note ablate ok "$(wc -l < "$OUT/$STAGE_LOG.rows") rows"
+fi
+
+if has ab; then
+  : > "$OUT/ab.txt"
+  BASE=${AB_BASELINE:-$BUNDLE/bin/gcmoe-base}
+  for slice in glm-5.2-ep8-rank deepseek-v4.1-flash-ep8-rank; do
+    for round in 1 2; do
+      for side in base this; do
+        bin=$GCMOE; [[ $side == base ]] && bin=$BASE
+        timeout 150 "$bin" bench layer --config "config/examples/$slice.json" --tokens-per-rank "$TOKENS" \
+          --warmup 10 --replays 100 > /tmp/gcmoe-ab.txt 2>&1
+        note ab-$side $? "$slice round $round"
+        awk -v s="$slice" -v side=$side -v r=$round '$1 ~ /^[0-9]+$/ && NF == 11 {print s, r, side, $1, $5}' \
+          /tmp/gcmoe-ab.txt >> "$OUT/ab.txt"
+      done
+    done
+  done
+  # slice T: base and this (median of the two rounds' medians), this / base.
+  awk '{us[$1" "$4" "$3] += $5 / 2; seen[$1" "$4] = 1}
+       END { for (k in seen) printf "%-30s T %4d  base %9.1f us  this %9.1f us  speedup %.3f\n",
+               substr(k, 1, index(k, " ") - 1), substr(k, index(k, " ") + 1), us[k" base"],
+               us[k" this"], us[k" base"] / us[k" this"] }' "$OUT/ab.txt" | sort -k1,1 -k3,3n
 fi
 
 # What bounds role2 (ncu, clocks left alone): one role2 launch of the GLM slice at T = 8 and 64,
