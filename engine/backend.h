@@ -59,6 +59,7 @@ struct BackendOptions {
   // CUDA only.
   int device = 0;
   int dispatch_sms = 16;        // SMs requested for the dispatch green context
+  std::string role2_kernel;     // "stream", "wgmma" or "mma"; empty: GCMOE_CUDA_GEMM, else stream
   // How tokens cross GPUs (P > 1): "gcmoe" (the fused roles over CUDA IPC peer mappings) or
   // "nccl" (the baseline: NCCL all-to-all around the same grouped GEMM).
   std::string exchange = "gcmoe";

@@ -67,7 +67,8 @@ Result<kernels::GemmKernel> ChooseRole2Kernel(const char* requested) {
   if (name == "mma") return kernels::GemmKernel::kMmaSync;
   if (name == "stream") return kernels::GemmKernel::kStreamMma;
   if (name == "wgmma") return kernels::GemmKernel::kStreamWgmma;
-  return InvalidArgument("cuda backend: GCMOE_CUDA_GEMM is wgmma, stream or mma, not " + name);
+  return InvalidArgument("cuda backend: role2 kernel (GCMOE_CUDA_GEMM) " + name +
+                         " is not wgmma, stream or mma");
 }
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
@@ -87,6 +88,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
                            options.exchange + "\"");
   }
   const bool alltoall = options.exchange == "nccl";
+  GCMOE_ASSIGN_OR_RETURN(
+      const kernels::GemmKernel gemm,
+      ChooseRole2Kernel(!options.role2_kernel.empty() ? options.role2_kernel.c_str()
+                                                      : std::getenv("GCMOE_CUDA_GEMM")));
   if (m.hidden % 128 != 0 || m.intermediate % 128 != 0 || m.shared_intermediate % 128 != 0) {
     return InvalidArgument(
         "cuda backend: model.hidden, model.intermediate and "
@@ -158,7 +163,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   graph_options.record_sm_ids = EnvInt("GCMOE_CUDA_RECORD_SM_IDS", 0) != 0;
   // Diagnostics: role2's task timeline, logged after every step (kernels/role2_trace.h).
   graph_options.trace_role2 = EnvInt("GCMOE_CUDA_TRACE", 0) != 0;
-  GCMOE_ASSIGN_OR_RETURN(graph_options.gemm, ChooseRole2Kernel(std::getenv("GCMOE_CUDA_GEMM")));
+  graph_options.gemm = gemm;
   std::unique_ptr<kernels::LayerGraph> graph;
   std::string message;
   err = kernels::LayerGraph::Create(graph_options, &graph, &message);

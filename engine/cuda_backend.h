@@ -20,7 +20,7 @@
 //   GCMOE_CUDA_GEMM=K            role2 kernel: stream (default: warp-specialized bulk-copy
 //                                pipeline, mma.sync), wgmma (the same pipeline with register-A
 //                                wgmma; not within calc_diff 1e-4 everywhere), mma (stepping
-//                                stone)
+//                                stone); BackendOptions::role2_kernel, when set, wins
 #pragma once
 
 #include <cstdint>

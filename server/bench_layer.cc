@@ -17,7 +17,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -129,7 +128,7 @@ int RunBenchLayer(int argc, char** argv) {
   options.max_tokens_per_rank = std::max(max_tokens, config->engine.max_tokens_per_rank);
   options.device = DeviceOfRank(*config, 0);
   options.dispatch_sms = dispatch_sms >= 0 ? dispatch_sms : config->engine.dispatch_sms;
-  if (!gemm.empty()) setenv("GCMOE_CUDA_GEMM", gemm.c_str(), 1);
+  options.role2_kernel = gemm;
   options.instance = "bench";
   auto backend = engine::CudaBackend::Create(options);
   if (!backend.ok()) return fail("creating the CUDA backend", backend.status());

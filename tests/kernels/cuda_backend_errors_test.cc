@@ -51,6 +51,16 @@ TEST(CudaBackendCreate, Role2KernelIsStreamUnlessGcmoeCudaGemmNamesAnother) {
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(unknown.status().message().find("GCMOE_CUDA_GEMM"), std::string::npos);
+  EXPECT_NE(unknown.status().message().find("cutlass"), std::string::npos);
+}
+
+TEST(CudaBackendCreate, UnknownRole2KernelIsRejectedBeforeAnyDeviceWork) {
+  BackendOptions o = Options();
+  o.role2_kernel = "cutlass";
+  auto backend = CreateCudaBackend(o);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), StatusCode::kInvalidArgument) << backend.status().ToString();
+  EXPECT_NE(backend.status().message().find("cutlass"), std::string::npos);
 }
 
 // The sweep behind the choice (docs/PERFORMANCE.md, "Block size"): the block size measured
