@@ -147,6 +147,14 @@ std::optional<Service> StartServe(const std::vector<std::string>& extra_args,
     return std::nullopt;
   }
   service.address = (*lines)[0];
+  // The address file says the coordinator is listening; the callers want it answering.
+  if (!WaitForHealth(service.address, "SERVING", timeout)) {
+    ADD_FAILURE() << "gcmoe serve (" << name << ") at " << service.address
+                  << " wrote its address but is not SERVING (" << HealthStatus(service.address)
+                  << "); its log:\n"
+                  << service.process->Log();
+    return std::nullopt;
+  }
   return service;
 }
 

@@ -107,7 +107,8 @@ TEST_F(ServiceTest, BadRequestCatalogueGetsItsCodesAndTheServiceKeepsServing) {
   gcmoe::v1::Stats before;
   {
     grpc::ClientContext context;
-    ASSERT_TRUE(stub->GetStats(&context, {}, &before).ok());
+    const grpc::Status status = stub->GetStats(&context, {}, &before);
+    ASSERT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
   }
   std::map<std::string, uint64_t> expected_failures;
   int cases = 0;
