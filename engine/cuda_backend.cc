@@ -158,8 +158,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   // stage with shared loads in flight, fixed by a proxy fence.)
   const int sequential = EnvInt("GCMOE_CUDA_SEQUENTIAL", -1);
   graph_options.sequential = sequential >= 0 ? sequential != 0 : options.world_size > 1;
-  graph_options.timeout_ns =
-      static_cast<uint64_t>(std::max(1, EnvInt("GCMOE_CUDA_WAIT_TIMEOUT_MS", 5000))) * 1000000ull;
+  const int wait_timeout_ms = std::max(1, EnvInt("GCMOE_CUDA_WAIT_TIMEOUT_MS", 5000));
+  graph_options.timeout_ns = static_cast<uint64_t>(wait_timeout_ms) * 1000000ull;
   graph_options.record_sm_ids = EnvInt("GCMOE_CUDA_RECORD_SM_IDS", 0) != 0;
   // Diagnostics: role2's task timeline, logged after every step (kernels/role2_trace.h).
   graph_options.trace_role2 = EnvInt("GCMOE_CUDA_TRACE", 0) != 0;
@@ -174,6 +174,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   std::unique_ptr<CudaBackend> backend(new CudaBackend(options, std::move(graph)));
   backend->alltoall_ = alltoall;
   backend->trace_role2_ = graph_options.trace_role2;
+  backend->wait_timeout_ = std::chrono::milliseconds(wait_timeout_ms);
   // The exchange region's name: a CUDA IPC handle for peers in other processes, the address
   // for peers in this one. A failed export only matters once a peer in another process needs it.
   cudaIpcMemHandle_t handle;
@@ -513,11 +514,9 @@ Status CudaBackend::Sync(const char* what, uint64_t generation) {
     // NCCL waits on a dead peer forever: poll, and abandon the communicator on an abort or
     // once the device wait limit has passed.
     const auto start = std::chrono::steady_clock::now();
-    const auto limit =
-        std::chrono::milliseconds(std::max(1, EnvInt("GCMOE_CUDA_WAIT_TIMEOUT_MS", 5000)));
     while ((err = cudaStreamQuery(graph_->stream())) == cudaErrorNotReady) {
       const bool aborted = graph_->Aborted(generation);
-      if (aborted || std::chrono::steady_clock::now() - start > limit) {
+      if (aborted || std::chrono::steady_clock::now() - start > wait_timeout_) {
         nccl_->Abort();
         connected_ = false;
         err = cudaStreamSynchronize(graph_->stream());

@@ -23,6 +23,7 @@
 //                                stone); BackendOptions::role2_kernel, when set, wins
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -114,8 +115,10 @@ class CudaBackend final : public Backend {
   int last_bm_ = 0;
   int forced_bm_ = 0;
   bool connected_ = false;
-  bool alltoall_ = false;      // exchange "nccl"
-  bool trace_role2_ = false;   // GCMOE_CUDA_TRACE
+  bool alltoall_ = false;     // exchange "nccl"
+  bool trace_role2_ = false;  // GCMOE_CUDA_TRACE
+  // GCMOE_CUDA_WAIT_TIMEOUT_MS, read once: the NCCL path's Sync polls against it every step.
+  std::chrono::milliseconds wait_timeout_{5000};
   std::vector<void*> opened_;  // peers' regions opened by CUDA IPC (closed on reconnect)
   std::unique_ptr<NcclComm> nccl_;
   std::string ipc_name_;  // transport_name()

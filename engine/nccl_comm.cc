@@ -148,15 +148,14 @@ Status NcclComm::AllToAllV(const uint8_t* send, uint8_t* recv, const AllToAllLay
   ncclComm_t comm = static_cast<ncclComm_t>(comm_);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   ncclResult_t r = api.group_start();
-  const AllToAllLayout& l = layout;
-  for (size_t q = 0; q < l.send_bytes.size() && r == ncclSuccess; ++q) {
-    if (l.send_bytes[q] > 0) {
-      r = api.send(send + l.send_offset[q], static_cast<size_t>(l.send_bytes[q]), ncclUint8,
-                   static_cast<int>(q), comm, s);
+  for (size_t q = 0; q < layout.send_bytes.size() && r == ncclSuccess; ++q) {
+    if (layout.send_bytes[q] > 0) {
+      r = api.send(send + layout.send_offset[q], static_cast<size_t>(layout.send_bytes[q]),
+                   ncclUint8, static_cast<int>(q), comm, s);
     }
-    if (r == ncclSuccess && l.recv_bytes[q] > 0) {
-      r = api.recv(recv + l.recv_offset[q], static_cast<size_t>(l.recv_bytes[q]), ncclUint8,
-                   static_cast<int>(q), comm, s);
+    if (r == ncclSuccess && layout.recv_bytes[q] > 0) {
+      r = api.recv(recv + layout.recv_offset[q], static_cast<size_t>(layout.recv_bytes[q]),
+                   ncclUint8, static_cast<int>(q), comm, s);
     }
   }
   const ncclResult_t end = api.group_end();

@@ -15,10 +15,6 @@ int64_t NowNs() {
       .count();
 }
 
-double Percentile(const std::vector<double>& sorted, double q) {
-  return NearestRankPercentile<double>(sorted, q);
-}
-
 }  // namespace
 
 void LatencyWindow::Add(double us) {
@@ -38,9 +34,9 @@ void LatencyWindow::Fill(gcmoe::v1::LatencySummary* out) const {
   std::sort(sorted.begin(), sorted.end());
   double sum = 0;
   for (double v : sorted) sum += v;
-  out->set_p50_us(Percentile(sorted, 0.50));
-  out->set_p90_us(Percentile(sorted, 0.90));
-  out->set_p99_us(Percentile(sorted, 0.99));
+  out->set_p50_us(NearestRankPercentile<double>(sorted, 0.50));
+  out->set_p90_us(NearestRankPercentile<double>(sorted, 0.90));
+  out->set_p99_us(NearestRankPercentile<double>(sorted, 0.99));
   out->set_max_us(sorted.back());
   out->set_mean_us(sum / static_cast<double>(sorted.size()));
 }
