@@ -33,6 +33,7 @@ GPU_TEST="$BUNDLE/bin/kernels_gpu_test"
 GCMOE="$BUNDLE/bin/gcmoe"
 STAGES=${*:-"sass ctest sanitizer bench peer serve"}
 TOKENS=${TOKENS:-1,2,4,8,16,32,64,128,256}
+EP_CONFIG=${EP_CONFIG:-config/examples/glm-5.2-ep8.json}  # the whole layer, for ep race trace
 SUMMARY=()
 note() { SUMMARY+=("$(printf '%-10s %-6s %s' "$1" "$2" "$3")"); }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -206,7 +207,6 @@ if has multi; then
 fi
 
 if has ep; then
-  EP_CONFIG=${EP_CONFIG:-config/examples/glm-5.2-ep8.json}
   timeout 540 "$GCMOE" bench ep --config "$EP_CONFIG" --ranks "$GPUS" --tokens-per-rank "$TOKENS" \
     ${EP_FLAGS:-} > "$OUT/ep.txt" 2> "$OUT/ep.log"
   rc=$?
@@ -215,7 +215,6 @@ if has ep; then
 fi
 
 if has race; then
-  EP_CONFIG=${EP_CONFIG:-config/examples/glm-5.2-ep8.json}
   : > "$OUT/race.txt"
   for gemm in stream wgmma mma; do
     for overlap in 1 0; do
@@ -233,7 +232,6 @@ if has race; then
 fi
 
 if has trace; then
-  EP_CONFIG=${EP_CONFIG:-config/examples/glm-5.2-ep8.json}
   : > "$OUT/trace.txt"
   for gemm in stream wgmma mma; do
     # The summaries are log entries (stderr of the rank processes).
