@@ -39,9 +39,9 @@ struct EngineConfig {
   int max_tokens_per_rank = 256;    // engine.max_tokens_per_rank: capacity of every buffer
   int exchange_timeout_ms = 2000;   // engine.exchange_timeout_ms: longest wait on a peer
   // engine.dispatch_sms (cuda): SMs asked for the dispatch green context, the GEMM on the rest;
-  // 0 = no partition, dispatch then GEMM on every SM (measured faster on an H200 while P > 1
-  // runs the roles in sequence: docs/PERFORMANCE.md)
-  int dispatch_sms = 16;
+  // 0 (the default) = no partition, dispatch then GEMM on every SM: measured faster than every
+  // split on an H200, one GPU and two (docs/PERFORMANCE.md, "Ablations")
+  int dispatch_sms = 0;
   // engine.exchange (cuda, P > 1): "gcmoe" (fused dispatch/combine over peer memory) | "nccl"
   // (baseline: NCCL all-to-all around the same grouped GEMM)
   std::string exchange = "gcmoe";

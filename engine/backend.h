@@ -58,7 +58,7 @@ struct BackendOptions {
   std::string instance;         // names this service's exchange segments (shm names, etc.)
   // CUDA only.
   int device = 0;
-  int dispatch_sms = 16;        // SMs requested for the dispatch green context
+  int dispatch_sms = 0;         // SMs requested for the dispatch green context; 0 = none
   std::string role2_kernel;     // "stream", "wgmma" or "mma"; empty: GCMOE_CUDA_GEMM, else stream
   // How tokens cross GPUs (P > 1): "gcmoe" (the fused roles over CUDA IPC peer mappings) or
   // "nccl" (the baseline: NCCL all-to-all around the same grouped GEMM).

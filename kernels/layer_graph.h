@@ -41,7 +41,7 @@ int BlockSizeIndex(int bm);
 struct LayerGraphOptions {
   LayerDims dims;
   int device = 0;
-  int dispatch_sms = 16;  // SMs requested for the communication partition
+  int dispatch_sms = 0;  // SMs requested for the communication partition; 0 = none
   // Ring slots per graph; 0: as many as the largest step has blocks (no slot is reused within
   // a replay). A small value exercises the generation-tagged reuse.
   int ring_blocks = 0;

@@ -156,20 +156,29 @@ TEST_F(CudaBackendTest, RingSlotReuseMatchesCpu) {
   }
 }
 
+// Roles overlapped on two partitions, in sequence on the compute partition, and in sequence on
+// every SM without a partition (the service default): the same bits.
 TEST_F(CudaBackendTest, SequentialModeMatchesConcurrentBitForBit) {
   const engine::ModelSpec spec = SmallModel(true);
   server::RandomCodeWeightSource weights(spec, 15);
   auto concurrent = BackendPair::Create(spec, 48, weights);
   auto sequential = BackendPair::Create(spec, 48, weights, {"GCMOE_CUDA_SEQUENTIAL=1"});
+  auto unpartitioned = BackendPair::Create(spec, 48, weights, {}, 0);
   ASSERT_NE(concurrent, nullptr);
   ASSERT_NE(sequential, nullptr);
+  ASSERT_NE(unpartitioned, nullptr);
+  EXPECT_FALSE(concurrent->cuda()->sequential());
   EXPECT_TRUE(sequential->cuda()->sequential());
+  EXPECT_TRUE(unpartitioned->cuda()->sequential());
+  EXPECT_EQ(unpartitioned->cuda()->partitions().dispatch_sms, 0);
   std::mt19937_64 rng(9);
   for (int tokens : {2, 48}) {
     const StepInputs in = MakeInputs(spec, tokens, DType::kBF16, Routing::kUniform, &rng);
     const StepOutput a = ExpectMatch(concurrent.get(), in, ++generation_, "concurrent");
     const StepOutput b = ExpectMatch(sequential.get(), in, ++generation_, "sequential");
     EXPECT_EQ(a.output, b.output);
+    const StepOutput u = ExpectMatch(unpartitioned.get(), in, ++generation_, "no partition");
+    EXPECT_EQ(a.output, u.output);
     // And the same inputs again: deterministic.
     StepOutput c;
     ASSERT_TRUE(concurrent->Run(concurrent->cuda(), in, ++generation_, &c).ok());

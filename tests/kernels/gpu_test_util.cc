@@ -103,13 +103,15 @@ StepInputs MakeInputs(const engine::ModelSpec& spec, int num_tokens, engine::DTy
 
 std::unique_ptr<BackendPair> BackendPair::Create(const engine::ModelSpec& spec, int capacity,
                                                  const engine::WeightSource& weights,
-                                                 const std::vector<std::string>& cuda_env) {
+                                                 const std::vector<std::string>& cuda_env,
+                                                 int dispatch_sms) {
   static std::atomic<int> instances{0};
   auto pair = std::unique_ptr<BackendPair>(new BackendPair());
   pair->spec_ = spec;
   engine::BackendOptions options;
   options.model = spec;
   options.max_tokens_per_rank = capacity;
+  options.dispatch_sms = dispatch_sms;
   options.instance =
       "gcmoe-gputest-" + std::to_string(getpid()) + "-" + std::to_string(instances.fetch_add(1));
   std::vector<int> all(spec.num_experts);
