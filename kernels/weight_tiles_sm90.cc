@@ -26,7 +26,7 @@ void PackStripe(TileFormat format, const uint8_t* const* code_rows,
         const int hi = lo + 16;
         for (int half = 0; half < 2; ++half) {
           const uint8_t* row = code_rows[g + 8 * half];
-          if (format == TileFormat::kE2M1) {
+          if (IsFp4(format)) {
             // piece kb/2, then (kb%2, half) lane words of 4 bytes, one per (row, both runs).
             uint8_t* out = chunk + (kb / 2) * 512 + lane * 16 + (kb % 2) * 8 + half * 4;
             uint8_t lo_codes[4];
@@ -35,7 +35,9 @@ void PackStripe(TileFormat format, const uint8_t* const* code_rows,
               lo_codes[i] = Nibble(row, lo + i);
               hi_codes[i] = Nibble(row, hi + i);
             }
-            const uint32_t word = PlaceE2m1Word(lo_codes, hi_codes);
+            const uint32_t word = format == TileFormat::kE2M1Bf16
+                                      ? PlaceE2m1Bf16Word(lo_codes, hi_codes)
+                                      : PlaceE2m1Word(lo_codes, hi_codes);
             for (int b = 0; b < 4; ++b) out[b] = static_cast<uint8_t>(word >> (8 * b));
           } else {
             uint8_t* out = chunk + kb * 512 + lane * 16 + half * 8;
@@ -60,7 +62,7 @@ void PackStripe(TileFormat format, const uint8_t* const* code_rows,
 template <typename RowOf>
 void PackTiles(TileFormat format, const uint8_t* codes, const uint8_t* scales, int num_tiles, int k,
                RowOf row_of, uint8_t* dst) {
-  const int64_t code_row_bytes = format == TileFormat::kE2M1 ? k / 2 : k;
+  const int64_t code_row_bytes = IsFp4(format) ? k / 2 : k;
   const int64_t scale_row_bytes = k / 32;
   const uint8_t* code_rows[16];
   const uint8_t* scale_rows[16];

@@ -30,7 +30,16 @@
 
 namespace gcmoe::kernels {
 
-enum class TileFormat { kE2M1, kE4M3 };
+enum class TileFormat {
+  kE2M1,      // FP4, lane words placed for the E4M3 decode (the mma.sync and FP8 wgmma role2)
+  kE2M1Bf16,  // FP4, lane words placed for the BF16 decode (the bf16 role2): same bytes per chunk
+  kE4M3,      // FP8 (the shared expert), one byte per code
+};
+GCMOE_HOST_DEVICE constexpr bool IsFp4(TileFormat format) { return format != TileFormat::kE4M3; }
+
+GCMOE_HOST_DEVICE constexpr uint32_t RotateRight(uint32_t w, int r) {
+  return r == 0 ? w : (w >> r) | (w << (32 - r));
+}
 
 // ---- lane words: E2M1 codes placed where E4M3 wants them --------------------------------------
 //
@@ -71,10 +80,56 @@ GCMOE_HOST_DEVICE inline E4m3Pair DecodeE2m1Word(uint32_t w) {
   return {w & 0x9C9C9C9Cu, (rotated & 0x98989898u) | ((w << 2) & 0x04040404u)};
 }
 
+// ---- lane words for the BF16 decode (TileFormat::kE2M1Bf16) -----------------------------------
+//
+// The same 8 codes per lane word, placed so that each register of the wgmma m64nNk16 BF16 A
+// fragment comes out of a rotation and a mask. A register holds two codes of one row at
+// consecutive fragment columns; the low-run positions 4t..4t+3 are columns 2t, 2t+1 (first
+// register) and 2t+8, 2t+9 (second) of the K16 step of the run, the high run the same in the
+// next K16 step (the activations are stored in that column order: bf16_operands.h).
+// A code s e1 e0 m at BF16 bits 15, 8, 7, 6 of its half is the BF16 of its value times 2^-126:
+// normal codes keep their exponent field, 0.5 becomes the subnormal 2^-127. The block scale's
+// BF16 multiply (bf16_operands.h) then gives the exact weight.
+//   {lo0, lo1} = w & P                {lo2, lo3} = rotr(w, 4) & P
+//   {hi0, hi1} = rotr(w, 10) & P      {hi2, hi3} = (rotr(w, 6) & Pa) | (rotr(w, 14) & Pb)
+// P = 0x81C081C0 (bits 15, 8, 7, 6 of both halves). No four rotations of P tile the 32 bits (an
+// exhaustive search), so the last register takes two: 9 instructions for 8 codes.
+inline constexpr uint32_t kBf16PairMask = 0x81C081C0u;
+inline constexpr uint32_t kBf16PairMaskA = 0x81808180u;  // the last register's bits from rotr 6
+inline constexpr uint32_t kBf16PairMaskB = 0x00400040u;  // and from rotr 14
+inline constexpr float kE2m1Bf16DecodeScale = 0x1p126f;
+
+// BF16 bits (times 2^-126) of an E2M1 code, and of two in one register (`first` low).
+GCMOE_HOST_DEVICE constexpr uint32_t E2m1Bf16Bits(uint32_t code) {
+  return ((code & 8u) << 12) | ((code & 7u) << 6);
+}
+GCMOE_HOST_DEVICE constexpr uint32_t E2m1Bf16Pair(uint32_t first, uint32_t second) {
+  return E2m1Bf16Bits(first) | (E2m1Bf16Bits(second) << 16);
+}
+
+// The inverse of the decode below: each register's bits rotated back to where it reads them.
+GCMOE_HOST_DEVICE constexpr uint32_t PlaceE2m1Bf16Word(const uint8_t (&lo)[4],
+                                                       const uint8_t (&hi)[4]) {
+  const uint32_t hi23 = E2m1Bf16Pair(hi[2], hi[3]);
+  return E2m1Bf16Pair(lo[0], lo[1]) | RotateRight(E2m1Bf16Pair(lo[2], lo[3]), 28) |
+         RotateRight(E2m1Bf16Pair(hi[0], hi[1]), 22) | RotateRight(hi23 & kBf16PairMaskA, 26) |
+         RotateRight(hi23 & kBf16PairMaskB, 18);
+}
+
+// The four BF16x2 registers (times 2^-126) of a lane word: {lo0, lo1}, {lo2, lo3}, {hi0, hi1},
+// {hi2, hi3}.
+struct Bf16Quad {
+  uint32_t r[4];
+};
+GCMOE_HOST_DEVICE inline Bf16Quad DecodeE2m1Bf16Word(uint32_t w) {
+  return {{w & kBf16PairMask, RotateRight(w, 4) & kBf16PairMask, RotateRight(w, 10) & kBf16PairMask,
+           (RotateRight(w, 6) & kBf16PairMaskA) | (RotateRight(w, 14) & kBf16PairMaskB)}};
+}
+
 inline constexpr int kChunkScaleBytes = 64;
 
 GCMOE_HOST_DEVICE constexpr int ChunkPayloadBytes(TileFormat format) {
-  return format == TileFormat::kE2M1 ? 1024 : 2048;
+  return IsFp4(format) ? 1024 : 2048;
 }
 GCMOE_HOST_DEVICE constexpr int ChunkBytes(TileFormat format) {
   return ChunkPayloadBytes(format) + kChunkScaleBytes;

@@ -1,7 +1,8 @@
 // The sm90 weight tiles against the mma.m16n8k32 fragment contract (kernels/weight_tiles_sm90.h):
 // every code a lane decodes for (stripe, chunk, scale block, row g / g+8, position) is the source
-// element the fragment needs, with the value numerics gives it. The decode is the kernels' own
-// function (host and device), checked against numerics' E2M1 and E4M3 tables.
+// element the fragment needs, with the value numerics gives it. The decodes are the kernels' own
+// functions (host and device), checked against numerics' E2M1 and E4M3 tables: to E4M3 bytes
+// (kE2M1) and to BF16 register pairs (kE2M1Bf16).
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -14,6 +15,25 @@
 
 namespace gcmoe::kernels {
 namespace {
+
+float Bf16Value(uint32_t reg, int half) {
+  return std::bit_cast<float>(((reg >> (16 * half)) & 0xFFFFu) << 16);
+}
+
+// The value of code j (0..3 low run, 4..7 high run) of a kE2M1Bf16 lane word: registers {lo0,
+// lo1}, {lo2, lo3}, {hi0, hi1}, {hi2, hi3}, the first code of each in the low half.
+float Bf16WordValue(uint32_t word, int j) {
+  return Bf16Value(DecodeE2m1Bf16Word(word).r[j / 2], j % 2) * kE2m1Bf16DecodeScale;
+}
+
+// A lane word's two runs of random codes, with `code` at position `slot` (0..3 low, 4..7 high).
+void RandomRunsWith(int code, int slot, std::mt19937& rng, uint8_t (&lo)[4], uint8_t (&hi)[4]) {
+  for (int j = 0; j < 4; ++j) {
+    lo[j] = static_cast<uint8_t>(rng() & 0xF);
+    hi[j] = static_cast<uint8_t>(rng() & 0xF);
+  }
+  (slot < 4 ? lo[slot] : hi[slot - 4]) = static_cast<uint8_t>(code);
+}
 
 std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -31,7 +51,7 @@ int SourceRow(bool gated, int inter, int tile, int stripe, int r) {
 
 void CheckTiles(TileFormat format, bool gated, int rows_or_inter, int k) {
   const int rows = gated ? 2 * rows_or_inter : rows_or_inter;
-  const int code_row = format == TileFormat::kE2M1 ? k / 2 : k;
+  const int code_row = IsFp4(format) ? k / 2 : k;
   const auto codes = RandomBytes(static_cast<size_t>(rows) * code_row, 1);
   const auto scales = RandomBytes(static_cast<size_t>(rows) * (k / 32), 2);
   const int64_t bytes =
@@ -61,15 +81,19 @@ void CheckTiles(TileFormat format, bool gated, int rows_or_inter, int k) {
               for (int i = 0; i < 8; ++i) {
                 const int pos = c * 128 + kb * 32 + (i < 4 ? 4 * t + i : 16 + 4 * t + i - 4);
                 float got, want;
-                if (format == TileFormat::kE2M1) {
+                if (IsFp4(format)) {
                   const uint8_t* bytes =
                       chunk + (kb / 2) * 512 + lane * 16 + ((kb % 2) * 2 + half) * 4;
                   const uint32_t word = static_cast<uint32_t>(bytes[0]) | (bytes[1] << 8) |
                                         (bytes[2] << 16) | (static_cast<uint32_t>(bytes[3]) << 24);
-                  const E4m3Pair pair = DecodeE2m1Word(word);
-                  const uint32_t reg = i < 4 ? pair.lo : pair.hi;
-                  got = numerics::DecodeE4M3(static_cast<uint8_t>(reg >> (8 * (i % 4)))) *
-                        kE2m1DecodeScale;
+                  if (format == TileFormat::kE2M1Bf16) {
+                    got = Bf16WordValue(word, i);
+                  } else {
+                    const E4m3Pair pair = DecodeE2m1Word(word);
+                    const uint32_t reg = i < 4 ? pair.lo : pair.hi;
+                    got = numerics::DecodeE4M3(static_cast<uint8_t>(reg >> (8 * (i % 4)))) *
+                          kE2m1DecodeScale;
+                  }
                   want = numerics::DecodeE2M1(static_cast<uint8_t>(
                       codes[static_cast<size_t>(row) * code_row + pos / 2] >> (4 * (pos % 2))));
                 } else {
@@ -95,6 +119,12 @@ void CheckTiles(TileFormat format, bool gated, int rows_or_inter, int k) {
 
 TEST(WeightTilesSm90, GatedE2M1MatchesFragments) { CheckTiles(TileFormat::kE2M1, true, 128, 256); }
 TEST(WeightTilesSm90, PlainE2M1MatchesFragments) { CheckTiles(TileFormat::kE2M1, false, 128, 384); }
+TEST(WeightTilesSm90, GatedE2M1Bf16MatchesFragments) {
+  CheckTiles(TileFormat::kE2M1Bf16, true, 128, 256);
+}
+TEST(WeightTilesSm90, PlainE2M1Bf16MatchesFragments) {
+  CheckTiles(TileFormat::kE2M1Bf16, false, 128, 384);
+}
 TEST(WeightTilesSm90, GatedE4M3MatchesFragments) { CheckTiles(TileFormat::kE4M3, true, 64, 256); }
 TEST(WeightTilesSm90, PlainE4M3MatchesFragments) { CheckTiles(TileFormat::kE4M3, false, 64, 128); }
 
@@ -107,11 +137,7 @@ TEST(WeightTilesSm90, LaneWordDecodeIsExactForEveryCodeInEverySlot) {
       for (int trial = 0; trial < 64; ++trial) {
         uint8_t lo[4];
         uint8_t hi[4];
-        for (int j = 0; j < 4; ++j) {
-          lo[j] = static_cast<uint8_t>(rng() & 0xF);
-          hi[j] = static_cast<uint8_t>(rng() & 0xF);
-        }
-        (slot < 4 ? lo[slot] : hi[slot - 4]) = static_cast<uint8_t>(code);
+        RandomRunsWith(code, slot, rng, lo, hi);
         const E4m3Pair pair = DecodeE2m1Word(PlaceE2m1Word(lo, hi));
         for (int j = 0; j < 8; ++j) {
           const uint8_t want_code = j < 4 ? lo[j] : hi[j - 4];
@@ -120,6 +146,32 @@ TEST(WeightTilesSm90, LaneWordDecodeIsExactForEveryCodeInEverySlot) {
           const float want = numerics::DecodeE2M1(want_code);
           ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
               << "slot " << j << " code " << int(want_code) << " (tested slot " << slot << ")";
+        }
+      }
+    }
+  }
+}
+
+// The same for the BF16 placement: every register pair is the BF16 of its two codes' values
+// times 2^-126, exactly (signed zeros, and 0.5 as a BF16 subnormal, included).
+TEST(WeightTilesSm90, Bf16LaneWordDecodeIsExactForEveryCodeInEverySlot) {
+  std::mt19937 rng(8);
+  for (int slot = 0; slot < 8; ++slot) {
+    for (int code = 0; code < 16; ++code) {
+      for (int trial = 0; trial < 64; ++trial) {
+        uint8_t lo[4];
+        uint8_t hi[4];
+        RandomRunsWith(code, slot, rng, lo, hi);
+        const uint32_t word = PlaceE2m1Bf16Word(lo, hi);
+        for (int j = 0; j < 8; ++j) {
+          const uint8_t want_code = j < 4 ? lo[j] : hi[j - 4];
+          const float want = numerics::DecodeE2M1(want_code);
+          ASSERT_EQ(std::bit_cast<uint32_t>(Bf16WordValue(word, j)), std::bit_cast<uint32_t>(want))
+              << "slot " << j << " code " << int(want_code) << " (tested slot " << slot << ")";
+        }
+        // Nothing but the pattern bits: each register is exactly two BF16 codes.
+        for (const uint32_t reg : DecodeE2m1Bf16Word(word).r) {
+          ASSERT_EQ(reg & ~kBf16PairMask, 0u);
         }
       }
     }

@@ -1,0 +1,147 @@
+// The bf16 role2's operand arithmetic (kernels/bf16_operands.h) against engine/numerics: the
+// E4M3 pair decode for every code in both slots of both pairs, the scale multipliers for every
+// code they accept, and the whole chain decoded code x multiplier(s) = the value numerics gives,
+// exactly. On the host MulBf16x2 rounds a float product to nearest even; every product checked
+// here is exact, so any correct multiply agrees (the GPU tests run the device's).
+#include "kernels/bf16_operands.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <random>
+
+#include "engine/numerics.h"
+#include "kernels/weight_tiles_sm90.h"
+
+namespace gcmoe::kernels {
+namespace {
+
+float Half(uint32_t reg, int h) {
+  return std::bit_cast<float>(((reg >> (16 * h)) & 0xFFFFu) << 16);
+}
+
+bool IsE4m3Nan(uint32_t code) { return (code & 0x7Fu) == 0x7Fu; }
+
+TEST(Bf16Operands, E4m3PairDecodesEveryCodeInEverySlot) {
+  std::mt19937 rng(21);
+  for (int j = 0; j < 2; ++j) {
+    for (int h = 0; h < 2; ++h) {
+      const int byte = 2 * j + h;
+      for (uint32_t code = 0; code < 256; ++code) {
+        if (IsE4m3Nan(code)) continue;
+        const uint32_t word =
+            (static_cast<uint32_t>(rng()) & ~(0xFFu << (8 * byte))) | (code << (8 * byte));
+        const float got = Half(E4m3PairToBf16(word, j), h) * kE4m3Bf16DecodeScale;
+        const float want = numerics::DecodeE4M3(static_cast<uint8_t>(code));
+        ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
+            << "code " << code << " pair " << j << " half " << h;
+      }
+    }
+  }
+}
+
+TEST(Bf16Operands, ScaleBytePairIsTwoToTheCodePlusBias) {
+  std::mt19937 rng(22);
+  for (const uint32_t bias : {kE2m1Bf16ScaleBias, kE4m3Bf16ScaleBias}) {
+    for (int b = 0; b < 4; ++b) {
+      for (int code = 0; code <= MaxBf16ScaleCode(bias); ++code) {
+        const uint32_t word = (static_cast<uint32_t>(rng()) & ~(0xFFu << (8 * b))) |
+                              (static_cast<uint32_t>(code) << (8 * b));
+        const uint32_t pair = ScaleBytePair(word, b, bias);
+        const float want = std::ldexp(1.0f, code + static_cast<int>(bias) - 127);
+        ASSERT_EQ(Half(pair, 0), want) << "code " << code << " byte " << b << " bias " << bias;
+        ASSERT_EQ(Half(pair, 1), want) << "code " << code << " byte " << b << " bias " << bias;
+      }
+    }
+  }
+}
+
+// A weight: the lane-word decode times its scale multiplier is E2M1 value x 2^(code - 127), for
+// every code and every scale the bf16 kernel accepts (code 0 gives BF16 subnormals).
+TEST(Bf16Operands, E2m1WeightTimesScaleIsExact) {
+  for (uint32_t code = 0; code < 16; ++code) {
+    const uint8_t lo[4] = {static_cast<uint8_t>(code), static_cast<uint8_t>(15 - code), 0, 9};
+    const uint8_t hi[4] = {3, 7, static_cast<uint8_t>(code), 12};
+    const uint32_t reg = DecodeE2m1Bf16Word(PlaceE2m1Bf16Word(lo, hi)).r[0];
+    for (int scale = 0; scale <= MaxBf16ScaleCode(kE2m1Bf16ScaleBias); ++scale) {
+      const uint32_t product =
+          MulBf16x2(reg, ScaleBytePair(static_cast<uint32_t>(scale), 0, kE2m1Bf16ScaleBias));
+      const double unit = numerics::DecodeUE8M0(static_cast<uint8_t>(scale));
+      ASSERT_EQ(Half(product, 0), numerics::DecodeE2M1(lo[0]) * unit) << code << " " << scale;
+      ASSERT_EQ(Half(product, 1), numerics::DecodeE2M1(lo[1]) * unit) << code << " " << scale;
+    }
+  }
+}
+
+// The shared expert's E4M3 weights the same way, scales up to 2^7.
+TEST(Bf16Operands, E4m3WeightTimesScaleIsExact) {
+  for (uint32_t code = 0; code < 256; ++code) {
+    if (IsE4m3Nan(code)) continue;
+    const uint32_t reg = E4m3PairToBf16(code | (0x38u << 8), 0);  // 0x38: 1.0 in the high half
+    for (int scale = 0; scale <= MaxBf16ScaleCode(kE4m3Bf16ScaleBias); ++scale) {
+      const uint32_t product =
+          MulBf16x2(reg, ScaleBytePair(static_cast<uint32_t>(scale), 0, kE4m3Bf16ScaleBias));
+      const double unit = numerics::DecodeUE8M0(static_cast<uint8_t>(scale));
+      const double want = numerics::DecodeE4M3(static_cast<uint8_t>(code)) * unit;
+      // Products finer than BF16's subnormal grid (weights near 1e-40) cannot be exact.
+      if ((std::bit_cast<uint32_t>(static_cast<float>(want)) & 0xFFFFu) != 0) continue;
+      ASSERT_EQ(Half(product, 0), want) << "code " << code << " scale " << scale;
+      ASSERT_EQ(Half(product, 1), unit) << "scale " << scale;
+    }
+  }
+}
+
+// An activation: decode, times 2^120, times its scale (the codes this engine's quantizers write,
+// 105 and up, and everything up to where BF16 overflows).
+TEST(Bf16Operands, E4m3ActivationTimesScaleIsExact) {
+  for (uint32_t code = 0; code < 256; ++code) {
+    if (IsE4m3Nan(code)) continue;
+    const uint32_t reg = E4m3PairToBf16(code << 16, 1);
+    for (int scale = 105; scale <= 245; ++scale) {
+      const uint32_t product = MulBf16x2(MulBf16x2(reg, kE4m3Bf16Undo), Bf16PowerPair(scale));
+      const double want = numerics::DecodeE4M3(static_cast<uint8_t>(code)) *
+                          numerics::DecodeUE8M0(static_cast<uint8_t>(scale));
+      ASSERT_EQ(Half(product, 0), want) << "code " << code << " scale " << scale;
+    }
+  }
+}
+
+// A 16-value window as the bf16 role2 reads it: column c holds logical element l with
+// Bf16WindowColumn(l) = c, the exact value code x scale; the columns are a permutation.
+TEST(Bf16Operands, WindowIsTheExactValuesInFragmentColumnOrder) {
+  std::mt19937 rng(23);
+  int seen[16] = {};
+  for (int l = 0; l < 16; ++l) ++seen[Bf16WindowColumn(l)];
+  for (int c = 0; c < 16; ++c) ASSERT_EQ(seen[c], 1) << "column " << c;
+  // Lane t of a weight lane word holds logical 4t..4t+3 at columns 2t, 2t+1, 2t+8, 2t+9.
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_EQ(Bf16WindowColumn(4 * t), 2 * t);
+    EXPECT_EQ(Bf16WindowColumn(4 * t + 1), 2 * t + 1);
+    EXPECT_EQ(Bf16WindowColumn(4 * t + 2), 2 * t + 8);
+    EXPECT_EQ(Bf16WindowColumn(4 * t + 3), 2 * t + 9);
+  }
+  for (int trial = 0; trial < 2000; ++trial) {
+    uint8_t codes[16];
+    uint32_t words[4] = {};
+    for (int l = 0; l < 16; ++l) {
+      do {
+        codes[l] = static_cast<uint8_t>(rng());
+      } while (IsE4m3Nan(codes[l]));
+      words[l / 4] |= static_cast<uint32_t>(codes[l]) << (8 * (l % 4));
+    }
+    const uint32_t scale = 105 + rng() % 40;
+    uint32_t out[8];
+    E4m3WindowToBf16(words, scale, out);
+    for (int l = 0; l < 16; ++l) {
+      const int c = Bf16WindowColumn(l);
+      const double want =
+          numerics::DecodeE4M3(codes[l]) * numerics::DecodeUE8M0(static_cast<uint8_t>(scale));
+      ASSERT_EQ(Half(out[c / 2], c % 2), want) << "element " << l << " trial " << trial;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gcmoe::kernels
