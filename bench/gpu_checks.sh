@@ -18,7 +18,8 @@
 # each kernel at T = 1 and 16.
 #
 # Environment: BUNDLE (default .device), OUT (logs; default /tmp/gcmoe-gpu-checks),
-# GCMOE_CUDA_GEMM (role2 kernel for ctest/bench: stream default, wgmma, mma), TOKENS (bench).
+# GCMOE_CUDA_GEMM (role2 kernel for ctest/bench/multi: stream default, bf16, wgmma, mma), TOKENS
+# (bench).
 # Logs go to $OUT; a summary table is printed last.
 set -u
 BUNDLE=${BUNDLE:-.device}
@@ -114,8 +115,9 @@ if has peer; then
   grep -v "^T=" "$OUT/peer.txt"
 fi
 
-# Variants that drop one stage of the design (GLM slice): the same warp-specialized pipeline
-# with mma.sync instead of wgmma, and the stepping stone (no bulk-copy pipeline, no wgmma).
+# Variants of role2 (GLM slice): the warp-specialized pipeline with register-A FP8 wgmma, with
+# exact BF16 operands and wgmma (bf16), with mma.sync (stream, the default), and the stepping
+# stone (no bulk-copy pipeline, no wgmma).
 bench_rows() {  # label, then gcmoe bench layer flags; appends "label T us floor%" rows
   local label=$1; shift
   timeout 120 "$GCMOE" bench layer --config config/examples/glm-5.2-ep8-rank.json \
@@ -127,13 +129,13 @@ bench_rows() {  # label, then gcmoe bench layer flags; appends "label T us floor
 }
 if has variants; then
   STAGE_LOG=variants.txt; : > "$OUT/$STAGE_LOG"; : > "$OUT/$STAGE_LOG.rows"
-  for g in wgmma stream mma; do
+  for g in wgmma bf16 stream mma; do
     bench_rows "gemm=$g" --gemm "$g" --tokens-per-rank 1,8,16,64,256
   done
   note variants ok "$(wc -l < "$OUT/$STAGE_LOG.rows") rows"
 fi
 
-# Ablations (GLM slice, wgmma): overlap off (one context, dispatch then GEMM) against on;
+# Ablations (GLM slice, default role2): overlap off (one context, dispatch then GEMM) against on;
 # the dispatch partition's SM request; the block size BM.
 if has ablate; then
   STAGE_LOG=ablate.txt; : > "$OUT/$STAGE_LOG"; : > "$OUT/$STAGE_LOG.rows"
@@ -216,7 +218,7 @@ fi
 
 if has race; then
   : > "$OUT/race.txt"
-  for gemm in stream wgmma mma; do
+  for gemm in stream bf16 wgmma mma; do
     for overlap in 1 0; do
       name="$gemm-overlap$overlap"
       GCMOE_CUDA_GEMM=$gemm GCMOE_CUDA_SEQUENTIAL=$((1 - overlap)) timeout 170 "$GCMOE" bench ep \

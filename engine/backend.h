@@ -59,7 +59,8 @@ struct BackendOptions {
   // CUDA only.
   int device = 0;
   int dispatch_sms = 0;         // SMs requested for the dispatch green context; 0 = none
-  std::string role2_kernel;     // "stream", "wgmma" or "mma"; empty: GCMOE_CUDA_GEMM, else stream
+  // "stream", "bf16", "wgmma" or "mma"; empty: GCMOE_CUDA_GEMM, else stream
+  std::string role2_kernel;
   // How tokens cross GPUs (P > 1): "gcmoe" (the fused roles over CUDA IPC peer mappings) or
   // "nccl" (the baseline: NCCL all-to-all around the same grouped GEMM).
   std::string exchange = "gcmoe";

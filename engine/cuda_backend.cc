@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <spdlog/spdlog.h>
 
+#include "kernels/bf16_operands.h"
 #include "kernels/role2_trace.h"
 #include "kernels/weight_tiles_sm90.h"
 
@@ -59,6 +60,21 @@ Status UploadTiles(bool gated, TileFormat format, const std::vector<uint8_t>& co
   return err == cudaSuccess ? Status::Ok() : CudaError("uploading weights", err);
 }
 
+// The bf16 role2 multiplies each decoded weight by its block scale in BF16: the scale's code plus
+// the decode's bias must stay a finite BF16 exponent (kernels/bf16_operands.h).
+Status CheckBf16Scales(const std::string& what, const std::vector<uint8_t>& scales, uint32_t bias) {
+  const int limit = kernels::MaxBf16ScaleCode(bias);
+  for (const uint8_t code : scales) {
+    if (code > limit) {
+      return InvalidArgument("cuda backend: " + what + " has a block scale 2^" +
+                             std::to_string(code - 127) + " (UE8M0 code " + std::to_string(code) +
+                             "); the bf16 role2 kernel takes scales up to 2^" +
+                             std::to_string(limit - 127) + ": use GCMOE_CUDA_GEMM=stream");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<kernels::GemmKernel> ChooseRole2Kernel(const char* requested) {
@@ -67,8 +83,9 @@ Result<kernels::GemmKernel> ChooseRole2Kernel(const char* requested) {
   if (name == "mma") return kernels::GemmKernel::kMmaSync;
   if (name == "stream") return kernels::GemmKernel::kStreamMma;
   if (name == "wgmma") return kernels::GemmKernel::kStreamWgmma;
+  if (name == "bf16") return kernels::GemmKernel::kStreamBf16;
   return InvalidArgument("cuda backend: role2 kernel (GCMOE_CUDA_GEMM) " + name +
-                         " is not wgmma, stream or mma");
+                         " is not stream, bf16, wgmma or mma");
 }
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
@@ -246,8 +263,12 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
     }
     slot_of_[e] = slot;
   }
-  const int64_t w1_bytes = kernels::GatedTilesBytes(TileFormat::kE2M1, I, H);
-  const int64_t w2_bytes = kernels::PlainTilesBytes(TileFormat::kE2M1, H, I);
+  // The bf16 role2 reads its own lane-word placement (same bytes) and folds the block scales
+  // into BF16 multipliers, which bounds them (kernels/bf16_operands.h).
+  const bool bf16 = graph_->gemm_kernel() == kernels::GemmKernel::kStreamBf16;
+  const TileFormat routed = bf16 ? TileFormat::kE2M1Bf16 : TileFormat::kE2M1;
+  const int64_t w1_bytes = kernels::GatedTilesBytes(routed, I, H);
+  const int64_t w2_bytes = kernels::PlainTilesBytes(routed, H, I);
   std::vector<uint8_t> staging;
   layers_.resize(m.num_layers);
   for (int l = 0; l < m.num_layers; ++l) {
@@ -263,13 +284,28 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
         return Internal("cuda backend: expert " + std::to_string(experts[slot]) + " of layer " +
                         std::to_string(l) + " has unexpected sizes");
       }
-      GCMOE_RETURN_IF_ERROR(UploadTiles(true, TileFormat::kE2M1, w.w1, w.w1_scales, I, H,
+      if (bf16) {
+        const std::string what =
+            "expert " + std::to_string(experts[slot]) + " of layer " + std::to_string(l);
+        GCMOE_RETURN_IF_ERROR(
+            CheckBf16Scales(what + " W1", w.w1_scales, kernels::kE2m1Bf16ScaleBias));
+        GCMOE_RETURN_IF_ERROR(
+            CheckBf16Scales(what + " W2", w.w2_scales, kernels::kE2m1Bf16ScaleBias));
+      }
+      GCMOE_RETURN_IF_ERROR(UploadTiles(true, routed, w.w1, w.w1_scales, I, H,
                                         static_cast<uint8_t*>(lw.w1) + slot * w1_bytes, &staging));
-      GCMOE_RETURN_IF_ERROR(UploadTiles(false, TileFormat::kE2M1, w.w2, w.w2_scales, H, I,
+      GCMOE_RETURN_IF_ERROR(UploadTiles(false, routed, w.w2, w.w2_scales, H, I,
                                         static_cast<uint8_t*>(lw.w2) + slot * w2_bytes, &staging));
     }
     if (m.has_shared()) {
       GCMOE_ASSIGN_OR_RETURN(SharedExpertWeights w, source.LoadShared(l));
+      if (bf16) {
+        const std::string what = "the shared expert of layer " + std::to_string(l);
+        GCMOE_RETURN_IF_ERROR(
+            CheckBf16Scales(what + " W1", w.w1_scales, kernels::kE4m3Bf16ScaleBias));
+        GCMOE_RETURN_IF_ERROR(
+            CheckBf16Scales(what + " W2", w.w2_scales, kernels::kE4m3Bf16ScaleBias));
+      }
       const int64_t s1 = kernels::GatedTilesBytes(TileFormat::kE4M3, Is, H);
       const int64_t s2 = kernels::PlainTilesBytes(TileFormat::kE4M3, H, Is);
       err = cudaMalloc(&lw.ws1, s1);

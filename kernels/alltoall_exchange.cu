@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kRoleThreads)
   const StepHeader& hdr = *p.header;
   for (int row = blockIdx.x * kWarps + warp; row < hdr.num_tokens; row += gridDim.x * kWarps) {
     QuantizeRowWarp(p.hidden_in, p.hidden_scales_in, hdr.in_dtype, p.dims.hidden, row, lane, p.x_q,
-                    p.x_s);
+                    p.x_s, p.x_bf);
   }
 }
 
@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(kRoleThreads)
       const bool hit = a < assignments && p.topk_ids[a] == e;
       const uint32_t mask = __ballot_sync(0xFFFFFFFFu, hit);
       if (hit) {
-        const Destination d = Destine(route, route.src_offset + seen + __popc(mask & ((1u << lane) - 1u)));
+        const Destination d =
+            Destine(route, route.src_offset + seen + __popc(mask & ((1u << lane) - 1u)));
         A2aRecordHeader h;
         h.meta = RowMeta{a / k, a % k, p.dims.rank, p.topk_weights[a]};
         h.recv_index = d.recv_index;
@@ -120,8 +121,14 @@ __global__ void __launch_bounds__(kRoleThreads)
     const ExpertRoute route = p.routes[h.expert];
     const int base = route.home_rank == p.dims.rank ? route.home_base : route.host_base;
     const int64_t ring_row = static_cast<int64_t>(route.first_block) * p.bm + (h.recv_index - base);
-    WarpCopy16(p.ring + ring_row * H, rec + sizeof(A2aRecordHeader), H, lane);
-    WarpCopy4(p.ring_scales + ring_row * (H / 32), rec + sizeof(A2aRecordHeader) + H, H / 32, lane);
+    if (p.act_bf16) {
+      WarpRowToBf16(rec + sizeof(A2aRecordHeader), rec + sizeof(A2aRecordHeader) + H, H, lane,
+                    false, reinterpret_cast<uint16_t*>(p.ring) + ring_row * H);
+    } else {
+      WarpCopy16(p.ring + ring_row * H, rec + sizeof(A2aRecordHeader), H, lane);
+      WarpCopy4(p.ring_scales + ring_row * (H / 32), rec + sizeof(A2aRecordHeader) + H, H / 32,
+                lane);
+    }
     if (lane == 0) p.meta[ring_row] = h.meta;
   }
   if (blockIdx.x == 0) {
@@ -160,7 +167,8 @@ __global__ void __launch_bounds__(kRoleThreads)
   const int k = p.dims.top_k;
   const int64_t record_bytes = A2aRecordBytes(H);
   for (int i = blockIdx.x * kWarps + warp; i < hdr.a2a_send_rows; i += gridDim.x * kWarps) {
-    const A2aRecordHeader h = *reinterpret_cast<const A2aRecordHeader*>(p.a2a_send + i * record_bytes);
+    const A2aRecordHeader h =
+        *reinterpret_cast<const A2aRecordHeader*>(p.a2a_send + i * record_bytes);
     if (h.dst == p.dims.rank) continue;
     uint16_t* dst = p.combine + (static_cast<int64_t>(h.meta.token) * (k + 1) + h.meta.slot) * H;
     WarpCopy16(reinterpret_cast<uint8_t*>(dst),

@@ -45,7 +45,8 @@ __global__ void __launch_bounds__(kRoleThreads)
 
   // A. Quantize, one warp per token row.
   for (int row = blockIdx.x * kWarps + warp; row < T; row += gridDim.x * kWarps) {
-    QuantizeRowWarp(p.hidden_in, p.hidden_scales_in, hdr.in_dtype, H, row, lane, p.x_q, p.x_s);
+    QuantizeRowWarp(p.hidden_in, p.hidden_scales_in, hdr.in_dtype, H, row, lane, p.x_q, p.x_s,
+                    p.x_bf);
   }
   // A. Route: receive entries at the computing rank.
   const int assignments = T * k;
@@ -117,11 +118,18 @@ __global__ void __launch_bounds__(kRoleThreads)
       const uint8_t* src_row = p.peers.x_q[src] + static_cast<int64_t>(token) * H;
       const uint8_t* src_scales = p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes;
       const int64_t ring_row = static_cast<int64_t>(slot) * p.bm + r;
+      if (p.act_bf16) {
+        WarpRowToBf16(src_row, src_scales, H, lane, remote,
+                      reinterpret_cast<uint16_t*>(p.ring) + ring_row * H);
+        if (lane == 0) *reinterpret_cast<uint4*>(&p.meta[static_cast<int64_t>(b) * p.bm + r]) = raw;
+        continue;
+      }
       uint8_t* dst_row = p.ring + ring_row * H;
       uint8_t* dst_scales = p.ring_scales + ring_row * scale_bytes;
 #pragma unroll 4
       for (int o = lane * 16; o < H; o += 32 * 16) {
-        *reinterpret_cast<uint4*>(dst_row + o) = remote ? LdCv128(src_row + o) : LdCg128(src_row + o);
+        *reinterpret_cast<uint4*>(dst_row + o) =
+            remote ? LdCv128(src_row + o) : LdCg128(src_row + o);
       }
       for (int o = lane * 4; o < scale_bytes; o += 32 * 4) {
         *reinterpret_cast<uint32_t*>(dst_scales + o) =

@@ -12,7 +12,8 @@
 //     steps into a ring of shared-memory stages: the tile's four stripe chunks as one bulk copy
 //     (one contiguous burst, evict-first in L2) completing on the stage's `full` barrier, and
 //     the block's activations (E4M3, n rows x 128) plus the 16-byte window of each row's UE8M0
-//     scales through cp.async (L2 only), released on the same barrier kLagStages stages later.
+//     scales through cp.async (L2 only), released on the same barrier kLagStages stages later
+//     (the bf16 kernel: BF16 rows, n x 256 bytes, no scales).
 //     The ring spans task boundaries, so the next task's weights stream during this epilogue.
 //   consumers: per stage, two 16-byte shared loads per lane (E2M1) give the A fragments of the
 //     four K32 scale blocks; FP4 is decoded to E4M3 (times 2^-6) in registers by masks and one
@@ -21,7 +22,9 @@
 //                       into a fresh FP32 tile per K32, folded in while the next K32 runs;
 //       kWgmma = false: mma.sync m16n8k32 E4M3 per warp from the same shared-memory B (the
 //                       default: FP8 wgmma sums a K32 block at reduced precision, layer_roles.h)
-//     and the per-32 weight and activation scales are applied by FMA into the accumulator.
+//     and the per-32 weight and activation scales are applied by FMA into the accumulator;
+//     or (GemmKernel::kStreamBf16, MainloopBf16) FP4 is decoded to BF16 and multiplied by its
+//     block scale, and wgmma m64nNk16 BF16 sums the whole K of exact operands in FP32.
 //     Then the fused epilogue (SwiGLU + routing weight + E4M3 requantization, or the BF16
 //     scatter to the combine buffer).
 //   valid-M sizing: the MMA width n is the smallest of 8, 16, 32, 64 covering the block's rows,
@@ -34,12 +37,13 @@
 //            the async proxy). At most kLagStages stages wait for that release, and
 //            kLagStages < stages, so the producer's empty wait never waits on itself; before
 //            any other blocking wait it releases everything.
-//   empty[s] count 128: every consumer thread, after its wgmma reading the stage completed
+//   empty[s] count 128: every consumer thread, after the wgmmas reading the stage completed
 //            (wait_group 0) and a proxy fence behind its own shared loads (the refill's bulk
 //            copy writes through the async proxy); the producer waits on it before refilling.
 //   desc_full/desc_empty (2 slots): the task descriptor, published before its stages.
 #include <cstdint>
 
+#include "kernels/bf16_operands.h"
 #include "kernels/device_common.cuh"
 #include "kernels/gemm_epilogue_sm90.cuh"
 #include "kernels/layer_roles.h"
@@ -65,12 +69,15 @@ __host__ __device__ constexpr int TargetCtasPerSm(int bm) {
   return bm <= 16 ? 4 : (bm == 32 ? 3 : 2);
 }
 // A stage: the tile's four stripe chunks (room for E4M3 when the layer has a shared expert),
-// then B [8 K16 units][bm rows][16 bytes], then the scale windows [bm rows][16 bytes].
+// then B [8 K16 units][bm rows][16 bytes], then the scale windows [bm rows][16 bytes]. The bf16
+// kernel's B is BF16 and needs no scales: [16 units (K16 step s: units 2s, 2s + 1 = its two core
+// matrices)][bm rows][16 bytes].
 __host__ __device__ constexpr int ARegionBytes(bool has_shared) {
   return 4 * ChunkBytes(has_shared ? TileFormat::kE4M3 : TileFormat::kE2M1);
 }
-__host__ __device__ constexpr int StageBytes(int bm, bool has_shared) {
-  return ARegionBytes(has_shared) + bm * kChunkK + bm * 16;
+__host__ __device__ constexpr int StageBytes(GemmKernel kernel, int bm, bool has_shared) {
+  return ARegionBytes(has_shared) +
+         (kernel == GemmKernel::kStreamBf16 ? bm * 2 * kChunkK : bm * kChunkK + bm * 16);
 }
 __host__ __device__ constexpr int RedPitch(int bm) { return bm + 1; }
 __host__ __device__ constexpr int RedBytes(int bm) { return kTileRows * RedPitch(bm) * 4; }
@@ -104,8 +111,10 @@ struct RingCursor {
   }
 };
 
-__host__ __device__ constexpr size_t StreamSmemBytes(int bm, bool has_shared, int stages) {
-  return static_cast<size_t>(stages) * StageBytes(bm, has_shared) + RedBytes(bm) + sizeof(Barriers);
+__host__ __device__ constexpr size_t StreamSmemBytes(GemmKernel kernel, int bm, bool has_shared,
+                                                     int stages) {
+  return static_cast<size_t>(stages) * StageBytes(kernel, bm, has_shared) + RedBytes(bm) +
+         sizeof(Barriers);
 }
 
 // The smallest MMA width covering `rows` tokens, at most BM.
@@ -148,9 +157,11 @@ __device__ __forceinline__ bool WaitFlagInline(const WaitEnv& env, const uint32_
   }
 }
 
-template <int BM>
+template <int BM, GemmKernel kKernel>
 __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
                          Barriers& bars) {
+  constexpr bool kBf16 = kKernel == GemmKernel::kStreamBf16;
+  constexpr int kActBytes = kBf16 ? 2 : 1;  // LayerParams::act_bf16
   const int lane = threadIdx.x & 31;
   const StepHeader& hdr = *p.header;
   const WaitEnv env = MakeWaitEnv(p, 2);
@@ -233,27 +244,28 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         switch (kind) {
           case kSharedW1:
             tile_ptr = hdr.ws1 + tile * TileBytes(TileFormat::kE4M3, H);
-            act = p.x_q + static_cast<int64_t>(block) * BM * H;
+            act = (kBf16 ? reinterpret_cast<const uint8_t*>(p.x_bf) : p.x_q) +
+                  static_cast<int64_t>(block) * BM * H * kActBytes;
             act_scales = p.x_s + static_cast<int64_t>(block) * BM * (H / 32);
             d.k = H, d.rows = shared_rows;
             break;
           case kRoutedW1:
             tile_ptr = hdr.w1 + (static_cast<int64_t>(blk.local_slot) * n1 + tile) *
                                     TileBytes(TileFormat::kE2M1, H);
-            act = p.ring + static_cast<int64_t>(slot) * BM * H;
+            act = p.ring + static_cast<int64_t>(slot) * BM * H * kActBytes;
             act_scales = p.ring_scales + static_cast<int64_t>(slot) * BM * (H / 32);
             d.k = H, d.rows = blk.rows;
             break;
           case kSharedW2:
             tile_ptr = hdr.ws2 + tile * TileBytes(TileFormat::kE4M3, Is);
-            act = p.hs_q + static_cast<int64_t>(block) * BM * Is;
+            act = p.hs_q + static_cast<int64_t>(block) * BM * Is * kActBytes;
             act_scales = p.hs_s + static_cast<int64_t>(block) * BM * (Is / 32);
             d.k = Is, d.rows = shared_rows;
             break;
           default:
             tile_ptr = hdr.w2 + (static_cast<int64_t>(blk.local_slot) * n2 + tile) *
                                     TileBytes(TileFormat::kE2M1, I);
-            act = p.h_q + static_cast<int64_t>(block) * BM * I;
+            act = p.h_q + static_cast<int64_t>(block) * BM * I * kActBytes;
             act_scales = p.h_s + static_cast<int64_t>(block) * BM * (I / 32);
             d.k = I, d.rows = blk.rows;
             break;
@@ -296,20 +308,32 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         BulkCopyG2S(st, tile_ptr + static_cast<int64_t>(c) * 4 * chunk_bytes,
                     static_cast<uint32_t>(4 * chunk_bytes), full, policy);
       }
-      // B [unit u][row n][16 bytes]: consecutive lanes read one row's 128 contiguous bytes.
       const uint32_t b_st = st + a_region;
-      for (int i = lane; i < d.n * 8; i += 32) {
-        const int n = i >> 3;
-        const int u = i & 7;
-        CpAsyncCg16(b_st + u * (BM * 16) + n * 16,
-                    act + static_cast<int64_t>(n) * d.k + c * kChunkK + u * 16);
-      }
-      // Each row's 4 scale bytes of this chunk lie in one aligned 16-byte window.
-      const uint32_t s_st = b_st + BM * kChunkK;
-      for (int n = lane; n < d.n; n += 32) {
-        const uintptr_t a =
-            reinterpret_cast<uintptr_t>(act_scales) + static_cast<uintptr_t>(n) * scale_row + c * 4;
-        CpAsyncCg16(s_st + n * 16, reinterpret_cast<const void*>(a & ~static_cast<uintptr_t>(15)));
+      if constexpr (kBf16) {
+        // B [unit v][row n][16 bytes], BF16 rows already in column order (bf16_operands.h):
+        // consecutive lanes read one row's 256 contiguous bytes; no scales.
+        for (int i = lane; i < d.n * 16; i += 32) {
+          const int n = i >> 4;
+          const int v = i & 15;
+          CpAsyncCg16(b_st + v * (BM * 16) + n * 16,
+                      act + (static_cast<int64_t>(n) * d.k + c * kChunkK) * 2 + v * 16);
+        }
+      } else {
+        // B [unit u][row n][16 bytes]: consecutive lanes read one row's 128 contiguous bytes.
+        for (int i = lane; i < d.n * 8; i += 32) {
+          const int n = i >> 3;
+          const int u = i & 7;
+          CpAsyncCg16(b_st + u * (BM * 16) + n * 16,
+                      act + static_cast<int64_t>(n) * d.k + c * kChunkK + u * 16);
+        }
+        // Each row's 4 scale bytes of this chunk lie in one aligned 16-byte window.
+        const uint32_t s_st = b_st + BM * kChunkK;
+        for (int n = lane; n < d.n; n += 32) {
+          const uintptr_t a = reinterpret_cast<uintptr_t>(act_scales) +
+                              static_cast<uintptr_t>(n) * scale_row + c * 4;
+          CpAsyncCg16(s_st + n * 16,
+                      reinterpret_cast<const void*>(a & ~static_cast<uintptr_t>(15)));
+        }
       }
       asm volatile("cp.async.commit_group;" ::: "memory");
       fill.Advance(stages);
@@ -345,6 +369,31 @@ __device__ __forceinline__ void FoldScaled(float (&acc)[BM / 2], const float* ti
   }
 }
 
+// Waits until stage s is full, then loads this lane's weight words of its warp's stripe (warp w:
+// tile rows 16w..16w+15), kPayload / 512 pieces of 16 bytes, and the 8 scale bytes of its rows
+// g and g + 8. Returns the stage.
+template <TileFormat kFormat>
+__device__ __forceinline__ const uint8_t* WaitAndLoadWeights(
+    const uint8_t* stage_base, int stage_bytes, int s, uint32_t phase, Barriers& bars,
+    uint64_t mbar_timeout, const WaitEnv& env, uint32_t (&w)[ChunkPayloadBytes(kFormat) / 128],
+    uint2& scales) {
+  constexpr int kPayload = ChunkPayloadBytes(kFormat);
+  const int lane = threadIdx.x & 31;
+  MbarWait(SmemAddr(&bars.full[s]), phase, mbar_timeout, env, s);
+  const uint8_t* st = stage_base + static_cast<int64_t>(s) * stage_bytes;
+  const uint8_t* a_src = st + (threadIdx.x >> 5) * ChunkBytes(kFormat);
+#pragma unroll
+  for (int q = 0; q < kPayload / 512; ++q) {
+    const uint4 v = *reinterpret_cast<const uint4*>(a_src + q * 512 + lane * 16);
+    w[q * 4 + 0] = v.x;
+    w[q * 4 + 1] = v.y;
+    w[q * 4 + 2] = v.z;
+    w[q * 4 + 3] = v.w;
+  }
+  scales = *reinterpret_cast<const uint2*>(a_src + kPayload + (lane >> 2) * 8);
+  return st;
+}
+
 // The task's K loop: one chunk (K128 = four scale blocks) per stage.
 template <int BM, int N, bool kFp4, bool kWgmma>
 __device__ __forceinline__ void Mainloop(const TaskDesc& d, const uint8_t* stage_base, int stages,
@@ -352,10 +401,6 @@ __device__ __forceinline__ void Mainloop(const TaskDesc& d, const uint8_t* stage
                                          uint64_t mbar_timeout, const WaitEnv& env,
                                          float (&acc)[BM / 2], RingCursor& ring) {
   constexpr TileFormat kFormat = kFp4 ? TileFormat::kE2M1 : TileFormat::kE4M3;
-  constexpr int kPayload = ChunkPayloadBytes(kFormat);
-  constexpr int kPieces = kPayload / 512;
-  constexpr int kChunk = ChunkBytes(kFormat);
-  const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
@@ -368,19 +413,10 @@ __device__ __forceinline__ void Mainloop(const TaskDesc& d, const uint8_t* stage
 
   for (int c = 0; c < chunks; ++c, ring.Advance(stages)) {
     const int s = ring.stage;
-    MbarWait(SmemAddr(&bars.full[s]), ring.phase, mbar_timeout, env, s);
-    const uint8_t* st = stage_base + static_cast<int64_t>(s) * stage_bytes;
-    const uint8_t* a_src = st + warp * kChunk;  // warp w: stripe w (tile rows 16w..16w+15)
-    uint32_t w[kPieces * 4];
-#pragma unroll
-    for (int q = 0; q < kPieces; ++q) {
-      const uint4 v = *reinterpret_cast<const uint4*>(a_src + q * 512 + lane * 16);
-      w[q * 4 + 0] = v.x;
-      w[q * 4 + 1] = v.y;
-      w[q * 4 + 2] = v.z;
-      w[q * 4 + 3] = v.w;
-    }
-    const uint2 sw = *reinterpret_cast<const uint2*>(a_src + kPayload + g * 8);
+    uint32_t w[ChunkPayloadBytes(kFormat) / 128];
+    uint2 sw;
+    const uint8_t* st = WaitAndLoadWeights<kFormat>(stage_base, stage_bytes, s, ring.phase, bars,
+                                                    mbar_timeout, env, w, sw);
     const uint8_t* b_st = st + a_region;
     const uint8_t* s_st = b_st + BM * kChunkK;
     uint32_t sx[N / 8][2];
@@ -462,15 +498,96 @@ __device__ __forceinline__ void Mainloop(const TaskDesc& d, const uint8_t* stage
   }
 }
 
-template <int BM, bool kFp4, bool kWgmma>
+// The bf16 kernel's K loop (GemmKernel::kStreamBf16), one chunk per stage. The stage's B is
+// the block's activations as exact BF16 in the weights' column order (written once per block by
+// role1 or the W1 epilogue); per K32 block the weights are decoded to BF16 and multiplied by
+// their block scale in registers (exact), and two wgmma m64nNk16 BF16 accumulate into the FP32
+// tile while the K32 block before still runs. Exact operands and one FP32 accumulation over K:
+// no per-K32 scale folding, none of the FP8 tensor core's reduced-precision sums. A stage goes
+// back to the producer once the MMAs reading it are done, at its end: keeping its last K32 block
+// in flight into the next stage made ptxas serialize every wgmma (C7513: the next stage's
+// descriptor is defined while an MMA that read the previous one runs).
+template <int BM, int N, bool kFp4>
+__device__ __forceinline__ void MainloopBf16(const TaskDesc& d, const uint8_t* stage_base,
+                                             int stages, int stage_bytes, int a_region,
+                                             Barriers& bars, uint64_t mbar_timeout,
+                                             const WaitEnv& env, float (&acc)[BM / 2],
+                                             RingCursor& ring) {
+  constexpr TileFormat kFormat = kFp4 ? TileFormat::kE2M1Bf16 : TileFormat::kE4M3;
+  constexpr uint32_t kBias = kFp4 ? kE2m1Bf16ScaleBias : kE4m3Bf16ScaleBias;
+  const int chunks = d.k / kChunkK;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) FenceOperand(acc[i]);
+
+  for (int c = 0; c < chunks; ++c, ring.Advance(stages)) {
+    const int s = ring.stage;
+    uint32_t w[ChunkPayloadBytes(kFormat) / 128];
+    uint2 sw;
+    const uint8_t* st = WaitAndLoadWeights<kFormat>(stage_base, stage_bytes, s, ring.phase, bars,
+                                                    mbar_timeout, env, w, sw);
+    // K16 step j's B: units 2j and 2j + 1, BM * 16 bytes apart (the descriptor's K stride).
+    const uint64_t b_desc = SmemDescNoSwizzle(SmemAddr(st + a_region), BM * 16, 128);
+
+    // Registers {r0, r1, r2, r3} of K16 step 2kb + h: rows g and g + 8 at columns 2t, 2t + 1
+    // (r0, r1) and 2t + 8, 2t + 9 (r2, r3); step 2kb holds K32 block kb's low run, 2kb + 1 its
+    // high run. All eight steps are decoded first, then issued as one group.
+    uint32_t a[8][4];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      const uint32_t sw_word = kb < 2 ? sw.x : sw.y;
+      const uint32_t f_g = ScaleBytePair(sw_word, (kb & 1) * 2, kBias);
+      const uint32_t f_g8 = ScaleBytePair(sw_word, (kb & 1) * 2 + 1, kBias);
+      if constexpr (kFp4) {
+        const Bf16Quad row_g = DecodeE2m1Bf16Word(w[kb * 2]);
+        const Bf16Quad row_g8 = DecodeE2m1Bf16Word(w[kb * 2 + 1]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          a[2 * kb + h][0] = MulBf16x2(row_g.r[2 * h], f_g);
+          a[2 * kb + h][1] = MulBf16x2(row_g8.r[2 * h], f_g8);
+          a[2 * kb + h][2] = MulBf16x2(row_g.r[2 * h + 1], f_g);
+          a[2 * kb + h][3] = MulBf16x2(row_g8.r[2 * h + 1], f_g8);
+        }
+      } else {
+        // E4M3 words of the block: row g low run, row g high run, row g + 8 low, high.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          a[2 * kb + h][0] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + h], 0), f_g);
+          a[2 * kb + h][1] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + 2 + h], 0), f_g8);
+          a[2 * kb + h][2] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + h], 1), f_g);
+          a[2 * kb + h][3] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + 2 + h], 1), f_g8);
+        }
+      }
+    }
+    WgmmaFence();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      // The descriptor's address field counts 16-byte units.
+      const uint64_t step = static_cast<uint64_t>(j * 2 * BM * 16) >> 4;
+      WgmmaBf16<N>::Run(acc, a[j], b_desc + step, c > 0 || j > 0);
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceProxyAsyncShared();  // behind this thread's generic loads of the stage
+    MbarArrive(SmemAddr(&bars.empty[s]));
+  }
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) FenceOperand(acc[i]);
+}
+
+template <int BM, bool kFp4, GemmKernel kKernel>
 __device__ __forceinline__ void RunMainloop(const TaskDesc& d, const uint8_t* stage_base,
                                             int stages, int stage_bytes, int a_region,
                                             Barriers& bars, uint64_t mbar_timeout,
                                             const WaitEnv& env, float (&acc)[BM / 2],
                                             RingCursor& ring) {
-#define GCMOE_MAINLOOP(N)                                                                         \
-  Mainloop<BM, N, kFp4, kWgmma>(d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, \
-                                env, acc, ring)
+#define GCMOE_MAINLOOP(N)                                                                       \
+  if constexpr (kKernel == GemmKernel::kStreamBf16) {                                           \
+    MainloopBf16<BM, N, kFp4>(d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, \
+                              env, acc, ring);                                                  \
+  } else {                                                                                      \
+    Mainloop<BM, N, kFp4, kKernel == GemmKernel::kStreamWgmma>(                                 \
+        d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, env, acc, ring);      \
+  }
   if (d.n <= 8) {
     GCMOE_MAINLOOP(8);
   } else if constexpr (BM >= 16) {
@@ -487,9 +604,10 @@ __device__ __forceinline__ void RunMainloop(const TaskDesc& d, const uint8_t* st
 #undef GCMOE_MAINLOOP
 }
 
-template <int BM, bool kWgmma>
+template <int BM, GemmKernel kKernel>
 __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int stages,
                           int stage_bytes, float* red, Barriers& bars) {
+  constexpr int64_t kActBytes = kKernel == GemmKernel::kStreamBf16 ? 2 : 1;  // of h_q, hs_q
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
@@ -513,11 +631,11 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
 #pragma unroll
     for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;
     if (d.kind == kRoutedW1 || d.kind == kRoutedW2) {
-      RunMainloop<BM, true, kWgmma>(d, stage_base, stages, stage_bytes, a_region, bars,
-                                    mbar_timeout, env, acc, ring);
-    } else {
-      RunMainloop<BM, false, kWgmma>(d, stage_base, stages, stage_bytes, a_region, bars,
+      RunMainloop<BM, true, kKernel>(d, stage_base, stages, stage_bytes, a_region, bars,
                                      mbar_timeout, env, acc, ring);
+    } else {
+      RunMainloop<BM, false, kKernel>(d, stage_base, stages, stage_bytes, a_region, bars,
+                                      mbar_timeout, env, acc, ring);
     }
 
     // The tile's results to shared memory: red[row 0..63][token].
@@ -535,12 +653,12 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
     const int64_t first = static_cast<int64_t>(d.block) * BM;
     switch (d.kind) {
       case kSharedW1:
-        SwigluEpilogue<4>(p, red_at, d.rows, d.tile, Is, nullptr, p.hs_q + first * Is,
+        SwigluEpilogue<4>(p, red_at, d.rows, d.tile, Is, nullptr, p.hs_q + first * Is * kActBytes,
                           p.hs_s + first * (Is / 32));
         break;
       case kRoutedW1:
-        SwigluEpilogue<4>(p, red_at, d.rows, d.tile, I, p.meta + first, p.h_q + first * I,
-                          p.h_s + first * (I / 32));
+        SwigluEpilogue<4>(p, red_at, d.rows, d.tile, I, p.meta + first,
+                          p.h_q + first * I * kActBytes, p.h_s + first * (I / 32));
         break;
       case kSharedW2:
         ScatterEpilogue<4>(p, red_at, d.rows, d.tile, nullptr, d.block * BM);
@@ -580,15 +698,14 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
 __host__ __device__ constexpr int MaxRegisters(int bm) {
   return 65536 / 4 / ((TargetCtasPerSm(bm) * (kStreamThreads / 32) + 3) / 4) / 32 / 8 * 8;
 }
-template <int BM, bool kWgmma>
+template <int BM, GemmKernel kKernel>
 __global__ void __launch_bounds__(kStreamThreads) __maxnreg__(MaxRegisters(BM))
     GroupedGemmStreamKernel(const __grid_constant__ LayerParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int stages = p.r2_stages;
-  const int stage_bytes = StageBytes(BM, p.dims.shared_intermediate > 0);
+  const int stage_bytes = StageBytes(kKernel, BM, p.dims.shared_intermediate > 0);
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(stages) * stage_bytes);
-  Barriers& bars =
-      *reinterpret_cast<Barriers*>(smem + static_cast<size_t>(stages) * stage_bytes + RedBytes(BM));
+  Barriers& bars = *reinterpret_cast<Barriers*>(reinterpret_cast<uint8_t*>(red) + RedBytes(BM));
   if (threadIdx.x == 0) {
     if (p.smid_log != nullptr) p.smid_log[p.role1_grid + blockIdx.x] = SmId();
     for (int s = 0; s < stages; ++s) {
@@ -603,24 +720,42 @@ __global__ void __launch_bounds__(kStreamThreads) __maxnreg__(MaxRegisters(BM))
   }
   __syncthreads();
   if (threadIdx.x >= kConsumerThreads) {
-    Producer<BM>(p, smem, stages, stage_bytes, bars);
+    Producer<BM, kKernel>(p, smem, stages, stage_bytes, bars);
   } else {
-    Consumers<BM, kWgmma>(p, smem, stages, stage_bytes, red, bars);
+    Consumers<BM, kKernel>(p, smem, stages, stage_bytes, red, bars);
   }
 }
 
 using StreamKernel = void (*)(LayerParams);
 
-StreamKernel KernelFor(int bm, bool wgmma) {
+template <GemmKernel kKernel>
+StreamKernel KernelFor(int bm) {
   switch (bm) {
     case 8:
-      return wgmma ? GroupedGemmStreamKernel<8, true> : GroupedGemmStreamKernel<8, false>;
+      return GroupedGemmStreamKernel<8, kKernel>;
     case 16:
-      return wgmma ? GroupedGemmStreamKernel<16, true> : GroupedGemmStreamKernel<16, false>;
+      return GroupedGemmStreamKernel<16, kKernel>;
     case 32:
-      return wgmma ? GroupedGemmStreamKernel<32, true> : GroupedGemmStreamKernel<32, false>;
+      return GroupedGemmStreamKernel<32, kKernel>;
     case 64:
-      return wgmma ? GroupedGemmStreamKernel<64, true> : GroupedGemmStreamKernel<64, false>;
+      return GroupedGemmStreamKernel<64, kKernel>;
+    default:
+      return nullptr;
+  }
+}
+
+// The streaming kernels: every GemmKernel but the stepping stone.
+constexpr GemmKernel kStreamKernels[] = {GemmKernel::kStreamMma, GemmKernel::kStreamWgmma,
+                                         GemmKernel::kStreamBf16};
+
+StreamKernel KernelFor(GemmKernel kernel, int bm) {
+  switch (kernel) {
+    case GemmKernel::kStreamMma:
+      return KernelFor<GemmKernel::kStreamMma>(bm);
+    case GemmKernel::kStreamWgmma:
+      return KernelFor<GemmKernel::kStreamWgmma>(bm);
+    case GemmKernel::kStreamBf16:
+      return KernelFor<GemmKernel::kStreamBf16>(bm);
     default:
       return nullptr;
   }
@@ -634,8 +769,8 @@ constexpr size_t kSmemReservedPerCta = 1024;
 
 cudaError_t LoadStreamGemmKernels() {
   for (int bm : kBlockSizes) {
-    for (bool wgmma : {false, true}) {
-      const StreamKernel kernel = KernelFor(bm, wgmma);
+    for (GemmKernel which : kStreamKernels) {
+      const StreamKernel kernel = KernelFor(which, bm);
       cudaFuncAttributes attributes;
       cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
       if (err == cudaSuccess) {
@@ -654,25 +789,25 @@ cudaError_t LoadStreamGemmKernels() {
   return cudaSuccess;
 }
 
-cudaError_t StreamGemmShape(const LayerDims& dims, int bm, bool wgmma, Role2Shape* shape) {
-  const StreamKernel kernel = KernelFor(bm, wgmma);
+cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel which, int bm, Role2Shape* shape) {
+  const StreamKernel kernel = KernelFor(which, bm);
   if (kernel == nullptr) return cudaErrorInvalidValue;
   const bool has_shared = dims.shared_intermediate > 0;
   // As many stages as fit the shared memory of TargetCtasPerSm(bm) resident CTAs.
   const size_t budget = kSmemPerSm / TargetCtasPerSm(bm) - kSmemReservedPerCta;
-  const size_t fixed = StreamSmemBytes(bm, has_shared, 0);
-  int stages = static_cast<int>((budget - fixed) / StageBytes(bm, has_shared));
+  const size_t fixed = StreamSmemBytes(which, bm, has_shared, 0);
+  int stages = static_cast<int>((budget - fixed) / StageBytes(which, bm, has_shared));
   stages = stages < kLagStages + 1 ? kLagStages + 1 : (stages > kMaxStages ? kMaxStages : stages);
   shape->threads = kStreamThreads;
   shape->stages = stages;
-  shape->smem_bytes = StreamSmemBytes(bm, has_shared, stages);
+  shape->smem_bytes = StreamSmemBytes(which, bm, has_shared, stages);
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&shape->blocks_per_sm, kernel,
                                                        kStreamThreads, shape->smem_bytes);
 }
 
-cudaError_t LaunchStreamGemmRole2(const LayerParams& params, bool wgmma, const Role2Shape& shape,
-                                  int grid, cudaStream_t stream) {
-  const StreamKernel kernel = KernelFor(params.bm, wgmma);
+cudaError_t LaunchStreamGemmRole2(const LayerParams& params, GemmKernel which,
+                                  const Role2Shape& shape, int grid, cudaStream_t stream) {
+  const StreamKernel kernel = KernelFor(which, params.bm);
   if (kernel == nullptr || params.r2_stages != shape.stages) return cudaErrorInvalidValue;
   kernel<<<grid, shape.threads, shape.smem_bytes, stream>>>(params);
   return cudaGetLastError();

@@ -37,6 +37,8 @@ const char* GemmKernelName(GemmKernel kernel) {
       return "stream";
     case GemmKernel::kStreamWgmma:
       return "wgmma";
+    case GemmKernel::kStreamBf16:
+      return "bf16";
   }
   return "unknown";
 }
@@ -44,7 +46,7 @@ const char* GemmKernelName(GemmKernel kernel) {
 cudaError_t Role2ShapeFor(GemmKernel kernel, const LayerDims& dims, int block_rows,
                           Role2Shape* shape) {
   if (kernel != GemmKernel::kMmaSync) {
-    return StreamGemmShape(dims, block_rows, kernel == GemmKernel::kStreamWgmma, shape);
+    return StreamGemmShape(dims, kernel, block_rows, shape);
   }
   shape->threads = kRoleThreads;
   shape->stages = 0;
@@ -55,7 +57,7 @@ cudaError_t Role2ShapeFor(GemmKernel kernel, const LayerDims& dims, int block_ro
 cudaError_t LaunchGroupedGemmRole2(GemmKernel kernel, const LayerParams& params,
                                    const Role2Shape& shape, int grid, cudaStream_t stream) {
   if (kernel == GemmKernel::kMmaSync) return LaunchMmaSyncGemmRole2(params, grid, stream);
-  return LaunchStreamGemmRole2(params, kernel == GemmKernel::kStreamWgmma, shape, grid, stream);
+  return LaunchStreamGemmRole2(params, kernel, shape, grid, stream);
 }
 
 cudaError_t LoadLayerKernels(const LayerDims& dims) {
@@ -208,12 +210,16 @@ cudaError_t LayerGraph::Allocate() {
   recv_ = reinterpret_cast<RowMeta*>(exchange_ + exchange_offsets[2]);
   combine_ = reinterpret_cast<uint16_t*>(exchange_ + exchange_offsets[3]);
   sig_ = reinterpret_cast<Signals*>(exchange_ + exchange_offsets[4]);
-  alloc(&ring_, static_cast<int64_t>(ring_rows_) * H);
+  // The bf16 role2 reads BF16 activation rows (LayerParams::act_bf16): twice the bytes.
+  const bool bf16 = options_.gemm == GemmKernel::kStreamBf16;
+  const int64_t act_bytes = bf16 ? 2 : 1;
+  alloc(&ring_, static_cast<int64_t>(ring_rows_) * H * act_bytes);
   alloc(&ring_scales_, static_cast<int64_t>(ring_rows_) * H / 32 + 16);
   alloc(&meta_, static_cast<int64_t>(rows_all_) * sizeof(RowMeta));
-  alloc(&h_q_, static_cast<int64_t>(rows_all_) * I);
+  alloc(&h_q_, static_cast<int64_t>(rows_all_) * I * act_bytes);
   alloc(&h_s_, static_cast<int64_t>(rows_all_) * I / 32 + 16);
-  alloc(&hs_q_, cap_rows * Is);
+  alloc(&hs_q_, cap_rows * Is * act_bytes);
+  if (bf16 && Is > 0) alloc(&x_bf_, cap_rows * H * 2);
   alloc(&hs_s_, cap_rows * Is / 32 + 16);
   alloc(&out_, cap * H * 4);
   if (options_.alltoall) {
@@ -264,6 +270,7 @@ LayerParams LayerGraph::Params(int bm_index) const {
   p.role1_grid = role1_grid_;
   p.role2_grid = role2_grid(bm);
   p.r2_stages = role2_shape_[bm_index].stages;
+  p.act_bf16 = options_.gemm == GemmKernel::kStreamBf16 ? 1 : 0;
   p.header = header_;
   p.blocks = blocks_;
   p.routes = routes_;
@@ -273,6 +280,7 @@ LayerParams LayerGraph::Params(int bm_index) const {
   p.topk_weights = topk_weights_;
   p.x_q = x_q_;
   p.x_s = x_s_;
+  p.x_bf = x_bf_;
   p.recv = recv_;
   p.ring = ring_;
   p.ring_scales = ring_scales_;

@@ -162,6 +162,7 @@ class LayerGraph {
   uint8_t* x_q_ = nullptr;
   uint8_t* x_s_ = nullptr;
   RowMeta* recv_ = nullptr;
+  uint16_t* x_bf_ = nullptr;  // the bf16 role2's shared-expert input (LayerParams::act_bf16)
   uint8_t* ring_ = nullptr;
   uint8_t* ring_scales_ = nullptr;
   RowMeta* meta_ = nullptr;

@@ -32,6 +32,13 @@ enum class GemmKernel : int {
   // sums each K32 block's products at reduced precision, and after the E4M3 requantization of
   // h two GPU tests exceed calc_diff 1e-4 (docs/PERFORMANCE.md); opt-in until that is fixed.
   kStreamWgmma = 2,
+  // The same pipeline with exact BF16 operands: weights decoded to BF16 times their block scale
+  // in registers, activations read as BF16 rows written once per block (role1's pull, the W1
+  // epilogue: LayerParams::act_bf16), register-A wgmma m64nNk16 BF16 summing the whole K in
+  // FP32. As accurate as `stream`, but not faster (docs/PERFORMANCE.md): opt-in. Needs its own
+  // lane-word placement (TileFormat::kE2M1Bf16) and weight block scales of at most 2 (UE8M0
+  // code 128; E4M3 shared weights: 2^7).
+  kStreamBf16 = 3,
 };
 const char* GemmKernelName(GemmKernel kernel);
 
@@ -49,9 +56,10 @@ cudaError_t Role2ShapeFor(GemmKernel kernel, const LayerDims& dims, int block_ro
 size_t Role2SmemBytes(int block_rows);
 cudaError_t Role2BlocksPerSm(int block_rows, int* blocks_per_sm);
 cudaError_t LaunchMmaSyncGemmRole2(const LayerParams& params, int grid, cudaStream_t stream);
-cudaError_t StreamGemmShape(const LayerDims& dims, int block_rows, bool wgmma, Role2Shape* shape);
-cudaError_t LaunchStreamGemmRole2(const LayerParams& params, bool wgmma, const Role2Shape& shape,
-                                  int grid, cudaStream_t stream);
+cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel kernel, int block_rows,
+                            Role2Shape* shape);
+cudaError_t LaunchStreamGemmRole2(const LayerParams& params, GemmKernel kernel,
+                                  const Role2Shape& shape, int grid, cudaStream_t stream);
 
 // role1: quantize this rank's tokens, route every assignment into its computing rank's receive
 // index, barrier (grid, then cross-rank tag 1), pull ring blocks and release their full counters.

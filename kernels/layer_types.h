@@ -135,7 +135,7 @@ struct A2aRecordHeader {
   RowMeta meta;        // token, slot and source rank at the source, routing weight
   int32_t recv_index;  // its row in the computing rank's receive order
   int32_t expert;
-  int32_t dst;         // the computing rank
+  int32_t dst;  // the computing rank
   int32_t pad;
 };
 
@@ -157,8 +157,8 @@ struct WaitDiagnostic {
   // Role3's end-of-replay checks of role2's bookkeeping (a replay that was not aborted): every
   // task claimed exactly once and every routed block's W1 tiles all counted. A broken check
   // means work was skipped or double-counted, so the step's output cannot be trusted.
-  int32_t broken;            // 0, or a WaitWhat below (kCheck*)
-  int32_t broken_index;      // the block, for kCheckW1Tiles
+  int32_t broken;        // 0, or a WaitWhat below (kCheck*)
+  int32_t broken_index;  // the block, for kCheckW1Tiles
   uint32_t broken_expected;
   uint32_t broken_seen;
 };
@@ -236,6 +236,10 @@ struct LayerParams {
   int32_t role1_grid = 0;   // role1's CTAs (role2's SM log entries follow role1's)
   int32_t role2_grid = 0;   // role2's CTAs (role3 checks the task claims against it)
   int32_t r2_stages = 0;    // shared-memory stages of the streaming role2 (0: stepping stone)
+  // 1 with the bf16 role2: ring, h_q and hs_q hold BF16 rows (2 bytes per value, each 16-value
+  // window in wgmma column order: bf16_operands.h), x_bf the shared expert's input; the scale
+  // arrays of those three stay unused. x_q / x_s (what peers read) stay E4M3.
+  int32_t act_bf16 = 0;
 
   const StepHeader* header;
   const RingBlock* blocks;    // [max_blocks]
@@ -248,6 +252,7 @@ struct LayerParams {
   // This rank's buffers (peers reach theirs through `peers`).
   uint8_t* x_q;          // [capacity + 64, H]
   uint8_t* x_s;          // [capacity + 64, H/32]
+  uint16_t* x_bf;        // act_bf16 with a shared expert: [capacity + 64, H] BF16
   RowMeta* recv;         // [max_recv_rows]
   uint8_t* ring;         // [R * BM, H]
   uint8_t* ring_scales;  // [R * BM, H/32]

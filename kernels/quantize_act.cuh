@@ -1,21 +1,54 @@
 // Activation quantization on the device (DESIGN.md §4 step 1): one request row, BF16 / FP32 /
 // FP16, to E4M3 with one UE8M0 scale per 32 values, bit for bit numerics::QuantizeE4M3K32.
 // An FP8 request row (codes + scales) is copied as it is. Run by role1, one warp per row.
+// For the bf16 role2 the same values also as its BF16 rows (bf16_operands.h).
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_fp16.h>
 
+#include "kernels/bf16_operands.h"
 #include "kernels/device_common.cuh"
 
 namespace gcmoe::kernels {
 
+// One 32-value block (8 words of E4M3 codes, its scale code) as two BF16 windows at dst.
+__device__ __forceinline__ void StoreBf16Block(const uint32_t (&codes)[8], uint32_t scale_code,
+                                               uint16_t* dst) {
+  uint32_t out[8];
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    const uint32_t window[4] = {codes[4 * w], codes[4 * w + 1], codes[4 * w + 2], codes[4 * w + 3]};
+    E4m3WindowToBf16(window, scale_code, out);
+    uint4* d = reinterpret_cast<uint4*>(dst + 16 * w);
+    d[0] = make_uint4(out[0], out[1], out[2], out[3]);
+    d[1] = make_uint4(out[4], out[5], out[6], out[7]);
+  }
+}
+
+// The bf16 role2's BF16 row of an E4M3 row (codes, scales): lane per 32-value block. `fresh`:
+// another GPU's row, read afresh (ld.cv), never from a line this GPU cached earlier.
+__device__ __forceinline__ void WarpRowToBf16(const uint8_t* codes, const uint8_t* scales,
+                                              int hidden_size, int lane, bool fresh,
+                                              uint16_t* dst) {
+  for (int b = lane; b < hidden_size / 32; b += 32) {
+    const uint8_t* src = codes + b * 32;
+    const uint4 lo = fresh ? LdCv128(src) : LdCg128(src);
+    const uint4 hi = fresh ? LdCv128(src + 16) : LdCg128(src + 16);
+    const uint32_t* word = reinterpret_cast<const uint32_t*>(scales + (b / 4) * 4);
+    const uint32_t scale_word = fresh ? LdCv32(word) : LdCg32(word);
+    const uint32_t block[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    StoreBf16Block(block, (scale_word >> (8 * (b % 4))) & 0xFFu, dst + b * 32);
+  }
+}
+
 // Lane `lane` converts blocks lane, lane + 32, ... of row `row`: 32 values in, 32 codes and
-// one scale out.
+// one scale out (and, with x_bf, the block's BF16 windows).
 __device__ __forceinline__ void QuantizeRowWarp(const void* hidden, const uint8_t* hidden_scales,
                                                 int in_dtype, int hidden_size, int row, int lane,
-                                                uint8_t* x_q, uint8_t* x_s) {
+                                                uint8_t* x_q, uint8_t* x_s,
+                                                uint16_t* x_bf = nullptr) {
   const int blocks = hidden_size / 32;
   const int64_t row_offset = static_cast<int64_t>(row) * hidden_size;
   uint8_t* q_row = x_q + row_offset;
@@ -27,6 +60,10 @@ __device__ __forceinline__ void QuantizeRowWarp(const void* hidden, const uint8_
     }
     for (int b = lane; b < blocks; b += 32)
       s_row[b] = hidden_scales[static_cast<int64_t>(row) * blocks + b];
+    if (x_bf != nullptr) {
+      WarpRowToBf16(src, hidden_scales + static_cast<int64_t>(row) * blocks, hidden_size, lane,
+                    false, x_bf + row_offset);
+    }
     return;
   }
   for (int b = lane; b < blocks; b += 32) {
@@ -77,6 +114,7 @@ __device__ __forceinline__ void QuantizeRowWarp(const void* hidden, const uint8_
     dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
     s_row[b] = static_cast<uint8_t>(code);
+    if (x_bf != nullptr) StoreBf16Block(packed, code, x_bf + row_offset + b * 32);
   }
 }
 

@@ -47,6 +47,7 @@ TEST(CudaBackendCreate, Role2KernelIsStreamUnlessGcmoeCudaGemmNamesAnother) {
   EXPECT_EQ(chosen("stream"), GemmKernel::kStreamMma);
   EXPECT_EQ(chosen("mma"), GemmKernel::kMmaSync);
   EXPECT_EQ(chosen("wgmma"), GemmKernel::kStreamWgmma);
+  EXPECT_EQ(chosen("bf16"), GemmKernel::kStreamBf16);
   auto unknown = ChooseRole2Kernel("cutlass");
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);

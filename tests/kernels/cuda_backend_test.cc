@@ -4,8 +4,11 @@
 // determinism and the errors a step can return.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "server/bench_random_weights.h"
 #include "tests/kernels/gpu_test_util.h"
@@ -86,7 +89,7 @@ TEST_F(CudaBackendTest, RoutingPatternsMatchCpu) {
 // streaming kernels' valid-M sizing (8..64) and both weight formats run; K = 128 and 256 give
 // one- and two-chunk tasks, so the stage ring wraps inside and across tasks.
 TEST_F(CudaBackendTest, EveryGemmKernelAtEveryBlockSizeMatchesCpu) {
-  for (const char* gemm : {"wgmma", "stream", "mma"}) {
+  for (const char* gemm : {"bf16", "wgmma", "stream", "mma"}) {
     for (bool shared : {false, true}) {
       const engine::ModelSpec spec = SmallModel(shared);
       server::RandomCodeWeightSource weights(spec, 13);
@@ -199,6 +202,67 @@ TEST_F(CudaBackendTest, AbortedStepReturnsAbortedAndTheNextStepRuns) {
   const Status s = pair->Run(pair->cuda(), in, aborted, &out);
   EXPECT_EQ(s.code(), StatusCode::kAborted) << s.ToString();
   ExpectMatch(pair.get(), in, ++generation_, "after abort");
+}
+
+// Delegates to random-code weights, with one routed W2 block scale raised to `code`.
+class OneLargeScale final : public engine::WeightSource {
+ public:
+  OneLargeScale(const engine::ModelSpec& spec, uint8_t code) : inner_(spec, 19), code_(code) {}
+  const engine::ModelSpec& spec() const override { return inner_.spec(); }
+  std::string Describe() const override { return inner_.Describe(); }
+  Result<engine::ExpertWeights> LoadExpert(int layer, int expert) const override {
+    auto w = inner_.LoadExpert(layer, expert);
+    if (w.ok() && expert == 3) w->w2_scales[5] = code_;
+    return w;
+  }
+  Result<engine::SharedExpertWeights> LoadShared(int layer) const override {
+    return inner_.LoadShared(layer);
+  }
+  Result<engine::DenseExpertWeights> LoadExpertDense(int layer, int expert) const override {
+    return inner_.LoadExpertDense(layer, expert);
+  }
+  Result<engine::DenseExpertWeights> LoadSharedDense(int layer) const override {
+    return inner_.LoadSharedDense(layer);
+  }
+  Status CheckExperts(const std::vector<int>& layers,
+                      const std::vector<int>& experts) const override {
+    return inner_.CheckExperts(layers, experts);
+  }
+
+ private:
+  server::RandomCodeWeightSource inner_;
+  uint8_t code_;
+};
+
+// The bf16 role2 folds each block scale into a BF16 multiplier: a routed scale above 2 (UE8M0
+// code 128) is refused at load with the way out named; 2 itself loads; the stream role2 takes
+// any scale.
+TEST_F(CudaBackendTest, Bf16KernelRefusesBlockScalesItCannotFold) {
+  const engine::ModelSpec spec = SmallModel(false);
+  std::vector<int> all(spec.num_experts);
+  for (int e = 0; e < spec.num_experts; ++e) all[e] = e;
+  for (const auto& [kernel, code, ok] :
+       {std::tuple{"bf16", 129, false}, {"bf16", 128, true}, {"stream", 140, true}}) {
+    engine::BackendOptions options;
+    options.model = spec;
+    options.max_tokens_per_rank = 8;
+    options.role2_kernel = kernel;
+    options.instance = "gcmoe-gputest-bf16-scales-" + std::to_string(getpid());
+    auto backend = engine::CudaBackend::Create(options);
+    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+    const Status loaded =
+        (*backend)->LoadExperts(OneLargeScale(spec, static_cast<uint8_t>(code)), all);
+    if (ok) {
+      EXPECT_TRUE(loaded.ok()) << kernel << " code " << code << ": " << loaded.ToString();
+      continue;
+    }
+    ASSERT_FALSE(loaded.ok()) << kernel << " code " << code;
+    EXPECT_EQ(loaded.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(loaded.message().find("expert 3 of layer 0 W2"), std::string::npos)
+        << loaded.message();
+    EXPECT_NE(loaded.message().find("GCMOE_CUDA_GEMM=stream"), std::string::npos)
+        << loaded.message();
+  }
 }
 
 TEST_F(CudaBackendTest, StepErrorsNameTheProblem) {
