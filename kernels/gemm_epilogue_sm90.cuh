@@ -14,9 +14,10 @@ namespace gcmoe::kernels {
 // W1 (steps 3 and 4a): a = BF16(W1 x); h = ((g' sigmoid(a g')) u') w; E4M3 per 32 features.
 // Warp per token, lane per feature: the warp's 32 lanes are one scale block of h. Tile rows
 // 0..31 are the gate features, 32..63 the matching up features (weight_tiles_sm90.h). With
-// p.act_bf16 the quantized h is stored as the bf16 role2 reads it: the exact BF16 of code x
-// scale, in window column order (bf16_operands.h), 2 bytes per feature and no scale array.
-template <int kWarps, typename RedAt>
+// kBf16Out (the bf16 role2, LayerParams::act_bf16) the quantized h is stored as that kernel
+// reads it: the exact BF16 of code x scale, in window column order (bf16_operands.h), 2 bytes
+// per feature and no scale array.
+template <int kWarps, bool kBf16Out = false, typename RedAt>
 __device__ __forceinline__ void SwigluEpilogue(const LayerParams& p, RedAt red, int rows, int tile,
                                                int inter, const RowMeta* meta, uint8_t* h_q,
                                                uint8_t* h_s) {
@@ -38,15 +39,17 @@ __device__ __forceinline__ void SwigluEpilogue(const LayerParams& p, RedAt red, 
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
     const uint32_t code = BlockScaleCode(amax, 448.0f);
     const uint32_t e4m3 = EncodeE4m3(__fmul_rn(h, InverseScale(code)));
-    if (p.act_bf16) {
+    if constexpr (kBf16Out) {
       const uint32_t value =
           MulBf16x2(MulBf16x2(E4m3PairToBf16(e4m3, 0), kE4m3Bf16Undo), Bf16PowerPair(code));
       reinterpret_cast<uint16_t*>(h_q)[static_cast<int64_t>(n) * inter + tile * 32 + (lane & 16) +
                                        Bf16WindowColumn(lane & 15)] = static_cast<uint16_t>(value);
-      continue;
+    } else {
+      h_q[static_cast<int64_t>(n) * inter + tile * 32 + lane] = static_cast<uint8_t>(e4m3);
+      if (lane == 0) {
+        h_s[static_cast<int64_t>(n) * (inter / 32) + tile] = static_cast<uint8_t>(code);
+      }
     }
-    h_q[static_cast<int64_t>(n) * inter + tile * 32 + lane] = static_cast<uint8_t>(e4m3);
-    if (lane == 0) h_s[static_cast<int64_t>(n) * (inter / 32) + tile] = static_cast<uint8_t>(code);
   }
 }
 
