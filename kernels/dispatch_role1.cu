@@ -34,6 +34,10 @@ __global__ void __launch_bounds__(kRoleThreads)
                                       // still read s_go when thread 0 starts the first slot wait)
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
+  // A role2 launched behind this kernel with programmatic serialization (the roles in sequence,
+  // LayerGraph::Capture) may start now: it waits for what it reads through the ring and signal
+  // flags, and for this grid's end before its own.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (p.smid_log != nullptr && threadIdx.x == 0) p.smid_log[blockIdx.x] = SmId();
   const StepHeader& hdr = *p.header;
   const WaitEnv env = MakeWaitEnv(p, 1);

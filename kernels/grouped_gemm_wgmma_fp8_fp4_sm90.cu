@@ -740,6 +740,10 @@ __global__ void __launch_bounds__(kStreamThreads) __maxnreg__(MaxRegisters(BM))
   } else {
     Consumers<BM, kKernel>(p, smem, stages, stage_bytes, red, bars);
   }
+  // Launched early behind role1 (LaunchStreamGemmRole2's `early`), this grid must not end
+  // before role1 has: role3, next in the stream, resets what role1 may still be using. A no-op
+  // otherwise.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 using StreamKernel = void (*)(LayerParams);
@@ -822,11 +826,23 @@ cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel which, int bm, Rol
 }
 
 cudaError_t LaunchStreamGemmRole2(const LayerParams& params, GemmKernel which,
-                                  const Role2Shape& shape, int grid, cudaStream_t stream) {
+                                  const Role2Shape& shape, int grid, cudaStream_t stream,
+                                  bool early) {
   const StreamKernel kernel = KernelFor(which, params.bm);
   if (kernel == nullptr || params.r2_stages != shape.stages) return cudaErrorInvalidValue;
-  kernel<<<grid, shape.threads, shape.smem_bytes, stream>>>(params);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(static_cast<unsigned>(shape.threads));
+  config.dynamicSmemBytes = shape.smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (early) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, kernel, params);
 }
 
 }  // namespace gcmoe::kernels

@@ -55,9 +55,10 @@ cudaError_t Role2ShapeFor(GemmKernel kernel, const LayerDims& dims, int block_ro
 }
 
 cudaError_t LaunchGroupedGemmRole2(GemmKernel kernel, const LayerParams& params,
-                                   const Role2Shape& shape, int grid, cudaStream_t stream) {
+                                   const Role2Shape& shape, int grid, cudaStream_t stream,
+                                   bool early) {
   if (kernel == GemmKernel::kMmaSync) return LaunchMmaSyncGemmRole2(params, grid, stream);
-  return LaunchStreamGemmRole2(params, kernel, shape, grid, stream);
+  return LaunchStreamGemmRole2(params, kernel, shape, grid, stream, early);
 }
 
 cudaError_t LoadLayerKernels(const LayerDims& dims) {
@@ -388,10 +389,17 @@ cudaError_t LayerGraph::Capture(int bm_index) {
   if (err != cudaSuccess) return err;
   cudaError_t launch = cudaSuccess;
   if (sequential_) {
+    // On one GPU role2 launches programmatically behind role1: its CTAs start, claim tasks and
+    // wait on the ring flags while role1 still quantizes and copies (role1's CTAs are all
+    // resident first, so no spin can block it), and its W1 tasks start block by block as role1
+    // fills them: 1.02-1.04x at T >= 8 (docs/PERFORMANCE.md). Not with peers: at P = 2 the same
+    // launch took T = 1 from 148 us to 3.0 ms, T = 64 from 1161 to 1947 (role1 pulling over
+    // NVLink beside 528 waiting role2 CTAs, as when the roles overlap on partitions).
+    const bool early = options_.dims.world_size == 1;
     launch = LaunchDispatchRole1(params, role1_grid_, compute);
     if (launch == cudaSuccess)
       launch = LaunchGroupedGemmRole2(options_.gemm, params, role2_shape_[bm_index], role2_grid(bm),
-                                      compute);
+                                      compute, early);
   } else {
     // Fork: the dispatch stream joins the capture with no dependency, so role1 and role2 are
     // both roots of the graph.

@@ -58,15 +58,20 @@ cudaError_t Role2BlocksPerSm(int block_rows, int* blocks_per_sm);
 cudaError_t LaunchMmaSyncGemmRole2(const LayerParams& params, int grid, cudaStream_t stream);
 cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel kernel, int block_rows,
                             Role2Shape* shape);
+// early: programmatic dependent launch behind the kernel before it in `stream` (role1): the
+// grid may start once role1 triggers it, and ends only after role1 has.
 cudaError_t LaunchStreamGemmRole2(const LayerParams& params, GemmKernel kernel,
-                                  const Role2Shape& shape, int grid, cudaStream_t stream);
+                                  const Role2Shape& shape, int grid, cudaStream_t stream,
+                                  bool early = false);
 
 // role1: quantize this rank's tokens, route every assignment into its computing rank's receive
 // index, barrier (grid, then cross-rank tag 1), pull ring blocks and release their full counters.
 cudaError_t LaunchDispatchRole1(const LayerParams& params, int grid, cudaStream_t stream);
-// role2: the grouped GEMM task stream (shared W1, routed W1, shared W2, routed W2).
+// role2: the grouped GEMM task stream (shared W1, routed W1, shared W2, routed W2). early: the
+// streaming kernels launch behind role1 programmatically (LaunchStreamGemmRole2).
 cudaError_t LaunchGroupedGemmRole2(GemmKernel kernel, const LayerParams& params,
-                                   const Role2Shape& shape, int grid, cudaStream_t stream);
+                                   const Role2Shape& shape, int grid, cudaStream_t stream,
+                                   bool early = false);
 // role3: combine readiness, slot-order reduction into the output, signal reset, parity flip.
 cudaError_t LaunchFinalizeRole3(const LayerParams& params, int grid, cudaStream_t stream);
 
