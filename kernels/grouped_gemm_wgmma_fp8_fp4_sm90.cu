@@ -21,7 +21,9 @@
 //       kWgmma = true:  wgmma m64nNk32 E4M3 (A from registers, B = activations by descriptor)
 //                       into a fresh FP32 tile per K32, folded in while the next K32 runs;
 //       kWgmma = false: mma.sync m16n8k32 E4M3 per warp from the same shared-memory B (the
-//                       default: FP8 wgmma sums a K32 block at reduced precision, layer_roles.h)
+//                       default's W1: FP8 wgmma sums a K32 block at reduced precision, and
+//                       the E4M3 requantization of h would turn that into flipped codes; the
+//                       default's W2 at BM <= 32 takes kWgmma = true: layer_roles.h)
 //     and the per-32 weight and activation scales are applied by FMA into the accumulator;
 //     or (GemmKernel::kStreamBf16, MainloopBf16) FP4 is decoded to BF16 and multiplied by its
 //     block scale, and wgmma m64nNk16 BF16 sums the whole K of exact operands in FP32.
@@ -594,11 +596,20 @@ __device__ __forceinline__ void RunMainloop(const TaskDesc& d, const uint8_t* st
                                             int stages, int stage_bytes, int a_region,
                                             Barriers& bars, uint64_t mbar_timeout,
                                             const WaitEnv& env, float (&acc)[BM / 2],
-                                            RingCursor& ring) {
+                                            RingCursor& ring, bool w2) {
 #define GCMOE_MAINLOOP(N)                                                                       \
   if constexpr (kKernel == GemmKernel::kStreamBf16) {                                           \
     MainloopBf16<BM, N, kFp4>(d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, \
                               env, acc, ring);                                                  \
+  } else if constexpr (kKernel == GemmKernel::kStreamMma && BM <= 32) {                         \
+    /* W2 on FP8 wgmma (GemmKernel::kStreamMma). Not at BM 64: its spills (168 registers). */   \
+    if (w2) {                                                                                   \
+      Mainloop<BM, N, kFp4, true>(d, stage_base, stages, stage_bytes, a_region, bars,           \
+                                  mbar_timeout, env, acc, ring);                                \
+    } else {                                                                                    \
+      Mainloop<BM, N, kFp4, false>(d, stage_base, stages, stage_bytes, a_region, bars,          \
+                                   mbar_timeout, env, acc, ring);                               \
+    }                                                                                           \
   } else {                                                                                      \
     Mainloop<BM, N, kFp4, kKernel == GemmKernel::kStreamWgmma>(                                 \
         d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, env, acc, ring);      \
@@ -647,10 +658,10 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
     for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;
     if (d.kind == kRoutedW1 || d.kind == kRoutedW2) {
       RunMainloop<BM, true, kKernel>(d, stage_base, stages, stage_bytes, a_region, bars,
-                                     mbar_timeout, env, acc, ring);
+                                     mbar_timeout, env, acc, ring, d.kind == kRoutedW2);
     } else {
       RunMainloop<BM, false, kKernel>(d, stage_base, stages, stage_bytes, a_region, bars,
-                                      mbar_timeout, env, acc, ring);
+                                      mbar_timeout, env, acc, ring, d.kind == kSharedW2);
     }
 
     // The tile's results to shared memory: red[row 0..63][token].
