@@ -1,0 +1,96 @@
+// The warp-specialized role2's shared-memory pipeline (grouped_gemm_wgmma_fp8_fp4_sm90.cu):
+// the CTA's shape, the stage layout, the barriers and task descriptor its producer warp and
+// consumer warpgroup share, and the ring cursor both advance.
+//
+// Pipeline invariants (stage s, its use u counted by a RingCursor, parity u & 1):
+//   full[s]  count 33: the producer lane 0's arrive.expect_tx (A bytes) + one arrival per
+//            producer lane once its cp.async of the stage landed and it executed
+//            fence.proxy.async (B is written through the generic proxy, read by wgmma through
+//            the async proxy). At most kLagStages stages wait for that release, and
+//            kLagStages < stages, so the producer's empty wait never waits on itself; before
+//            any other blocking wait it releases everything.
+//   empty[s] count 128: every consumer thread, after the wgmmas reading the stage completed
+//            (wait_group 0) and a proxy fence behind its own shared loads (the refill's bulk
+//            copy writes through the async proxy); the producer waits on it before refilling.
+//   desc_full/desc_empty (2 slots): the task descriptor, published before its stages.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/layer_roles.h"
+#include "kernels/layer_types.h"
+#include "kernels/weight_tiles_sm90.h"
+
+namespace gcmoe::kernels::stream_role2 {
+
+inline constexpr int kConsumerThreads = 128;
+inline constexpr int kStreamThreads = kConsumerThreads + 32;
+inline constexpr int kMaxStages = 16;
+inline constexpr int kDescSlots = 2;
+inline constexpr uint32_t kConsumerBarrierId = 1;
+inline constexpr uint32_t kFullArrivals = 33;
+// Stages whose activation cp.async may still be in flight before the producer releases them
+// (each release waits for its own cp.async, fences, then arrives): keeps B loads pipelined.
+inline constexpr int kLagStages = 2;
+
+// Resident CTAs per SM each block size is built for (registers and shared memory follow).
+__host__ __device__ constexpr int TargetCtasPerSm(int bm) {
+  return bm <= 16 ? 4 : (bm == 32 ? 3 : 2);
+}
+// A stage: the tile's four stripe chunks (room for E4M3 when the layer has a shared expert),
+// then B [8 K16 units][bm rows][16 bytes], then the scale windows [bm rows][16 bytes]. The bf16
+// kernel's B is BF16 and needs no scales: [16 units (K16 step s: units 2s, 2s + 1 = its two core
+// matrices)][bm rows][16 bytes].
+__host__ __device__ constexpr int ARegionBytes(bool has_shared) {
+  return 4 * ChunkBytes(has_shared ? TileFormat::kE4M3 : TileFormat::kE2M1);
+}
+__host__ __device__ constexpr int StageBytes(GemmKernel kernel, int bm, bool has_shared) {
+  return ARegionBytes(has_shared) +
+         (kernel == GemmKernel::kStreamBf16 ? bm * 2 * kChunkK : bm * kChunkK + bm * 16);
+}
+__host__ __device__ constexpr int RedPitch(int bm) { return bm + 1; }
+__host__ __device__ constexpr int RedBytes(int bm) { return kTileRows * RedPitch(bm) * 4; }
+
+struct TaskDesc {
+  int32_t kind;  // TaskKind, or -1: no further task
+  int32_t block;
+  int32_t tile;
+  int32_t rows;       // valid tokens, 1..BM
+  int32_t n;          // MMA width (valid-M sizing)
+  int32_t k;          // contraction
+  int32_t scale_mod;  // the activation scales' address mod 16 (the windows are 16-aligned)
+  int32_t task;       // index in the task space (the trace's slot)
+};
+
+struct Barriers {
+  uint64_t full[kMaxStages];
+  uint64_t empty[kMaxStages];
+  uint64_t desc_full[kDescSlots];
+  uint64_t desc_empty[kDescSlots];
+  TaskDesc desc[kDescSlots];
+};
+
+// A position in the stage ring: the stage and the parity of its use. Advanced by compare and
+// flip, not `iteration % stages` (a runtime division: ~15 instructions per K128 step in SASS).
+struct RingCursor {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void Advance(int stages) {
+    if (++stage == stages) stage = 0, phase ^= 1;
+  }
+};
+
+__host__ __device__ constexpr size_t StreamSmemBytes(GemmKernel kernel, int bm, bool has_shared,
+                                                     int stages) {
+  return static_cast<size_t>(stages) * StageBytes(kernel, bm, has_shared) + RedBytes(bm) +
+         sizeof(Barriers);
+}
+
+// The smallest MMA width covering `rows` tokens, at most BM.
+__device__ __forceinline__ int MmaWidth(int rows, int bm) {
+  const int n = rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+  return n < bm ? n : bm;
+}
+
+}  // namespace gcmoe::kernels::stream_role2
