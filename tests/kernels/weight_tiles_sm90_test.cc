@@ -26,13 +26,34 @@ float Bf16WordValue(uint32_t word, int j) {
   return Bf16Value(DecodeE2m1Bf16Word(word).r[j / 2], j % 2) * kE2m1Bf16DecodeScale;
 }
 
-// A lane word's two runs of random codes, with `code` at position `slot` (0..3 low, 4..7 high).
-void RandomRunsWith(int code, int slot, std::mt19937& rng, uint8_t (&lo)[4], uint8_t (&hi)[4]) {
-  for (int j = 0; j < 4; ++j) {
-    lo[j] = static_cast<uint8_t>(rng() & 0xF);
-    hi[j] = static_cast<uint8_t>(rng() & 0xF);
+// Every code in every slot of a lane word: each of the 16 codes at each of the 8 positions (0..3
+// the low run, 4..7 the high one), the other 7 holding random codes (so no slot's bits leak into
+// another's). `decode(lo, hi, values)` places the runs in a word and decodes all 8 values, which
+// must equal numerics' E2M1 values bit for bit (signed zeros included).
+template <typename Decode>
+void CheckEveryCodeInEverySlot(uint32_t seed, Decode decode) {
+  std::mt19937 rng(seed);
+  for (int slot = 0; slot < 8; ++slot) {
+    for (int code = 0; code < 16; ++code) {
+      for (int trial = 0; trial < 64; ++trial) {
+        uint8_t lo[4];
+        uint8_t hi[4];
+        for (int j = 0; j < 4; ++j) {
+          lo[j] = static_cast<uint8_t>(rng() & 0xF);
+          hi[j] = static_cast<uint8_t>(rng() & 0xF);
+        }
+        (slot < 4 ? lo[slot] : hi[slot - 4]) = static_cast<uint8_t>(code);
+        float values[8];
+        decode(lo, hi, values);
+        for (int j = 0; j < 8; ++j) {
+          const uint8_t want_code = j < 4 ? lo[j] : hi[j - 4];
+          const float want = numerics::DecodeE2M1(want_code);
+          ASSERT_EQ(std::bit_cast<uint32_t>(values[j]), std::bit_cast<uint32_t>(want))
+              << "slot " << j << " code " << int(want_code) << " (tested slot " << slot << ")";
+        }
+      }
+    }
   }
-  (slot < 4 ? lo[slot] : hi[slot - 4]) = static_cast<uint8_t>(code);
 }
 
 std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
@@ -128,54 +149,25 @@ TEST(WeightTilesSm90, PlainE2M1Bf16MatchesFragments) {
 TEST(WeightTilesSm90, GatedE4M3MatchesFragments) { CheckTiles(TileFormat::kE4M3, true, 64, 256); }
 TEST(WeightTilesSm90, PlainE4M3MatchesFragments) { CheckTiles(TileFormat::kE4M3, false, 64, 128); }
 
-// Every code in every slot of a lane word: each of the 16 codes at each of the 8 positions,
-// with the other 7 positions holding random codes (so no slot's bits leak into another's).
+// The E4M3 placement: each code decodes to the E4M3 byte of its value times 2^-6.
 TEST(WeightTilesSm90, LaneWordDecodeIsExactForEveryCodeInEverySlot) {
-  std::mt19937 rng(7);
-  for (int slot = 0; slot < 8; ++slot) {
-    for (int code = 0; code < 16; ++code) {
-      for (int trial = 0; trial < 64; ++trial) {
-        uint8_t lo[4];
-        uint8_t hi[4];
-        RandomRunsWith(code, slot, rng, lo, hi);
-        const E4m3Pair pair = DecodeE2m1Word(PlaceE2m1Word(lo, hi));
-        for (int j = 0; j < 8; ++j) {
-          const uint8_t want_code = j < 4 ? lo[j] : hi[j - 4];
-          const uint8_t e4m3 = static_cast<uint8_t>((j < 4 ? pair.lo : pair.hi) >> (8 * (j % 4)));
-          const float got = numerics::DecodeE4M3(e4m3) * kE2m1DecodeScale;
-          const float want = numerics::DecodeE2M1(want_code);
-          ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
-              << "slot " << j << " code " << int(want_code) << " (tested slot " << slot << ")";
-        }
-      }
+  CheckEveryCodeInEverySlot(7, [](const uint8_t(&lo)[4], const uint8_t(&hi)[4], float* values) {
+    const E4m3Pair pair = DecodeE2m1Word(PlaceE2m1Word(lo, hi));
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t e4m3 = static_cast<uint8_t>((j < 4 ? pair.lo : pair.hi) >> (8 * (j % 4)));
+      values[j] = numerics::DecodeE4M3(e4m3) * kE2m1DecodeScale;
     }
-  }
+  });
 }
 
-// The same for the BF16 placement: every register pair is the BF16 of its two codes' values
-// times 2^-126, exactly (signed zeros, and 0.5 as a BF16 subnormal, included).
+// The BF16 placement: every register pair is the BF16 of its two codes' values times 2^-126,
+// exactly (0.5 as a BF16 subnormal included), and nothing but the pattern bits.
 TEST(WeightTilesSm90, Bf16LaneWordDecodeIsExactForEveryCodeInEverySlot) {
-  std::mt19937 rng(8);
-  for (int slot = 0; slot < 8; ++slot) {
-    for (int code = 0; code < 16; ++code) {
-      for (int trial = 0; trial < 64; ++trial) {
-        uint8_t lo[4];
-        uint8_t hi[4];
-        RandomRunsWith(code, slot, rng, lo, hi);
-        const uint32_t word = PlaceE2m1Bf16Word(lo, hi);
-        for (int j = 0; j < 8; ++j) {
-          const uint8_t want_code = j < 4 ? lo[j] : hi[j - 4];
-          const float want = numerics::DecodeE2M1(want_code);
-          ASSERT_EQ(std::bit_cast<uint32_t>(Bf16WordValue(word, j)), std::bit_cast<uint32_t>(want))
-              << "slot " << j << " code " << int(want_code) << " (tested slot " << slot << ")";
-        }
-        // Nothing but the pattern bits: each register is exactly two BF16 codes.
-        for (const uint32_t reg : DecodeE2m1Bf16Word(word).r) {
-          ASSERT_EQ(reg & ~kBf16PairMask, 0u);
-        }
-      }
-    }
-  }
+  CheckEveryCodeInEverySlot(8, [](const uint8_t(&lo)[4], const uint8_t(&hi)[4], float* values) {
+    const uint32_t word = PlaceE2m1Bf16Word(lo, hi);
+    for (int j = 0; j < 8; ++j) values[j] = Bf16WordValue(word, j);
+    for (const uint32_t reg : DecodeE2m1Bf16Word(word).r) ASSERT_EQ(reg & ~kBf16PairMask, 0u);
+  });
 }
 
 }  // namespace
