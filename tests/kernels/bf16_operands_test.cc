@@ -18,8 +18,9 @@
 namespace gcmoe::kernels {
 namespace {
 
+// Half h (0 low, 1 high) of a BF16x2 register.
 float Half(uint32_t reg, int h) {
-  return std::bit_cast<float>(((reg >> (16 * h)) & 0xFFFFu) << 16);
+  return numerics::BF16ToFloat(static_cast<uint16_t>(reg >> (16 * h)));
 }
 
 bool IsE4m3Nan(uint32_t code) { return (code & 0x7Fu) == 0x7Fu; }

@@ -16,14 +16,12 @@
 namespace gcmoe::kernels {
 namespace {
 
-float Bf16Value(uint32_t reg, int half) {
-  return std::bit_cast<float>(((reg >> (16 * half)) & 0xFFFFu) << 16);
-}
-
 // The value of code j (0..3 low run, 4..7 high run) of a kE2M1Bf16 lane word: registers {lo0,
 // lo1}, {lo2, lo3}, {hi0, hi1}, {hi2, hi3}, the first code of each in the low half.
 float Bf16WordValue(uint32_t word, int j) {
-  return Bf16Value(DecodeE2m1Bf16Word(word).r[j / 2], j % 2) * kE2m1Bf16DecodeScale;
+  return numerics::BF16ToFloat(
+             static_cast<uint16_t>(DecodeE2m1Bf16Word(word).r[j / 2] >> (16 * (j % 2)))) *
+         kE2m1Bf16DecodeScale;
 }
 
 // Every code in every slot of a lane word: each of the 16 codes at each of the 8 positions (0..3
