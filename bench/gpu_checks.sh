@@ -7,7 +7,8 @@
 #
 # ab times this bundle's gcmoe against another build of it in the same call (AB_BASELINE: its
 # path, e.g. a second binary bundled as gcmoe-base), both slices, the two alternating twice, and
-# prints each T's medians and their ratio: how a change is measured (DESIGN.md §7).
+# prints each T's medians and their ratio: how a change is measured (DESIGN.md §7). AB_BASE_FLAGS
+# and AB_THIS_FLAGS add `bench layer` flags to one side (e.g. AB_THIS_FLAGS="--gemm bf16").
 #
 # multi, ep, race and trace need two or more GPUs: multi runs the multi-GPU test and the
 # multi-rank serve check, ep `gcmoe bench ep` on every GPU (EP_CONFIG, default the GLM-5.2
@@ -18,7 +19,7 @@
 # each kernel at T = 1 and 16.
 #
 # Environment: BUNDLE (default .device), OUT (logs; default /tmp/gcmoe-gpu-checks),
-# GCMOE_CUDA_GEMM (role2 kernel for ctest/bench/multi: stream default, bf16, wgmma, mma), TOKENS
+# GCMOE_CUDA_GEMM (role2 kernel for ctest/bench/multi: bf16 default, stream, wgmma, mma), TOKENS
 # (bench).
 # Logs go to $OUT; a summary table is printed last.
 set -u
@@ -116,8 +117,8 @@ if has peer; then
 fi
 
 # Variants of role2 (GLM slice): the warp-specialized pipeline with register-A FP8 wgmma, with
-# exact BF16 operands and wgmma (bf16), with mma.sync (stream, the default), and the stepping
-# stone (no bulk-copy pipeline, no wgmma).
+# exact BF16 operands and mma.sync (bf16, the default), with E4M3 mma.sync (stream), and the
+# stepping stone (no bulk-copy pipeline, no wgmma).
 bench_rows() {  # label, then gcmoe bench layer flags; appends "label T us floor%" rows
   local label=$1; shift
   timeout 120 "$GCMOE" bench layer --config config/examples/glm-5.2-ep8-rank.json \
@@ -154,9 +155,10 @@ if has ab; then
   for slice in glm-5.2-ep8-rank deepseek-v4.1-flash-ep8-rank; do
     for round in 1 2; do
       for side in base this; do
-        bin=$GCMOE; [[ $side == base ]] && bin=$BASE
+        bin=$GCMOE; flags=${AB_THIS_FLAGS:-}
+        [[ $side == base ]] && bin=$BASE && flags=${AB_BASE_FLAGS:-}
         timeout 150 "$bin" bench layer --config "config/examples/$slice.json" --tokens-per-rank "$TOKENS" \
-          --warmup 10 --replays 100 > /tmp/gcmoe-ab.txt 2>&1
+          --warmup 10 --replays 100 $flags > /tmp/gcmoe-ab.txt 2>&1
         note ab-$side $? "$slice round $round"
         awk -v s="$slice" -v side=$side -v r=$round '$1 ~ /^[0-9]+$/ && NF == 11 {print s, r, side, $1, $5}' \
           /tmp/gcmoe-ab.txt >> "$OUT/ab.txt"
@@ -170,12 +172,13 @@ if has ab; then
                us[k" this"], us[k" base"] / us[k" this"] }' "$OUT/ab.txt" | sort -k1,1 -k3,3n
 fi
 
-# What bounds role2 (ncu, clocks left alone): one role2 launch of the GLM slice at T = 8 and 64,
+# What bounds role2 (ncu, clocks left alone): one role2 launch of the GLM slice at T = 8 and 64
+# (NCU_TOKENS),
 # one context with the roles in sequence (ncu serializes kernels; nothing may spin on a kernel
 # that is not running). The first 4 role2 launches are the graphs' empty warm-up replays.
 if has ncu; then
   : > "$OUT/ncu.txt"
-  for T in 8 64; do
+  for T in ${NCU_TOKENS:-8 64}; do
     timeout 180 ncu --clock-control none --kernel-name regex:GroupedGemm --launch-skip 4 \
       --launch-count 1 --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
       --section MemoryWorkloadAnalysis --section Occupancy \

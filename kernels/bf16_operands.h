@@ -52,18 +52,18 @@ GCMOE_HOST_DEVICE inline uint32_t ScaleBytePair(uint32_t word, int b, uint32_t b
 // engine's quantizers write >= 105), two multiplies so that no multiplier leaves BF16's range.
 inline constexpr uint32_t kE4m3Bf16Undo = Bf16PowerPair(127 + 120);
 
-// ---- activations as the bf16 role2 reads them
-// ----------------------------------------------------
+// ---- activations as the bf16 role2 reads them --------------------------------------------------
 //
 // The bf16 role2 reads activations as BF16 rows written once (role1's pull, the W1 epilogue):
-// the exact values of the E4M3 codes times their block scale, each 16-value window of a row in
-// the column order of the wgmma K16 step that multiplies it. A weight lane word's low run
-// (logical positions 4t..4t+3 of a 32-block, weight_tiles_sm90.h) sits at fragment columns 2t,
-// 2t + 1, 2t + 8, 2t + 9, so column pair P of a window holds logical pair 2P (P < 4) or
-// 2(P - 4) + 1: the even pairs first (core matrix 0, 16 bytes), then the odd ones (core 1).
-GCMOE_HOST_DEVICE constexpr int Bf16WindowColumn(int logical) {
-  const int pair = logical / 2;
-  return 2 * (pair % 2 == 0 ? pair / 2 : 4 + pair / 2) + logical % 2;
+// the exact values of the E4M3 codes times their block scale, each 32-value block of a row in
+// block column order. A weight lane word of lane t holds the block's logical positions 4t..4t+3
+// (its low run, K16 step 0 of the block) and 16+4t..16+4t+3 (its high run, step 1)
+// (weight_tiles_sm90.h); the same eight positions of the activations are the mma.m16n8k16 B
+// registers b0, b1 of both steps for lane t. So logical r = 16 hi + 4 t + e is stored at
+// 8 t + 4 hi + e: lane t's eight values are one 16-byte unit.
+GCMOE_HOST_DEVICE constexpr int Bf16BlockColumn(int logical) {
+  const int r = logical % 32;
+  return logical - r + 8 * ((r / 4) % 4) + 4 * (r / 16) + r % 4;
 }
 
 // d = a * b per BF16 half, rounded to nearest even (subnormals kept: PTX has no .ftz for BF16).
@@ -85,14 +85,17 @@ GCMOE_HOST_DEVICE inline uint32_t MulBf16x2(uint32_t a, uint32_t b) {
 #endif
 }
 
-// One 16-value window: its E4M3 codes (4 words, logical order) and the block's UE8M0 scale code
-// (>= 1) to 8 BF16x2 words in column order, core 0 (out[0..3]) then core 1 (out[4..7]).
-GCMOE_HOST_DEVICE inline void E4m3WindowToBf16(const uint32_t (&codes)[4], uint32_t scale_code,
-                                               uint32_t (&out)[8]) {
+// One 32-value block: its E4M3 codes (8 words, logical order: word q holds positions
+// 4q..4q+3) and the block's UE8M0 scale code (>= 1) to 16 BF16x2 words in block column order.
+GCMOE_HOST_DEVICE inline void E4m3BlockToBf16(const uint32_t (&codes)[8], uint32_t scale_code,
+                                              uint32_t (&out)[16]) {
   const uint32_t scale = Bf16PowerPair(scale_code);
-  for (int i = 0; i < 4; ++i) {
-    out[i] = MulBf16x2(MulBf16x2(E4m3PairToBf16(codes[i], 0), kE4m3Bf16Undo), scale);
-    out[4 + i] = MulBf16x2(MulBf16x2(E4m3PairToBf16(codes[i], 1), kE4m3Bf16Undo), scale);
+  for (int q = 0; q < 8; ++q) {
+    const int unit_quad = 2 * (q % 4) + q / 4;  // Bf16BlockColumn(4 q) / 4
+    for (int j = 0; j < 2; ++j) {
+      out[2 * unit_quad + j] =
+          MulBf16x2(MulBf16x2(E4m3PairToBf16(codes[q], j), kE4m3Bf16Undo), scale);
+    }
   }
 }
 

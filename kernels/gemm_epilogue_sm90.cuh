@@ -15,7 +15,7 @@ namespace gcmoe::kernels {
 // Warp per token, lane per feature: the warp's 32 lanes are one scale block of h. Tile rows
 // 0..31 are the gate features, 32..63 the matching up features (weight_tiles_sm90.h). With
 // kBf16Out (the bf16 role2, LayerParams::act_bf16) the quantized h is stored as that kernel
-// reads it: the exact BF16 of code x scale, in window column order (bf16_operands.h), 2 bytes
+// reads it: the exact BF16 of code x scale, in block column order (bf16_operands.h), 2 bytes
 // per feature and no scale array.
 template <int kWarps, bool kBf16Out = false, typename RedAt>
 __device__ __forceinline__ void SwigluEpilogue(const LayerParams& p, RedAt red, int rows, int tile,
@@ -42,8 +42,8 @@ __device__ __forceinline__ void SwigluEpilogue(const LayerParams& p, RedAt red, 
     if constexpr (kBf16Out) {
       const uint32_t value =
           MulBf16x2(MulBf16x2(E4m3PairToBf16(e4m3, 0), kE4m3Bf16Undo), Bf16PowerPair(code));
-      reinterpret_cast<uint16_t*>(h_q)[static_cast<int64_t>(n) * inter + tile * 32 + (lane & 16) +
-                                       Bf16WindowColumn(lane & 15)] = static_cast<uint16_t>(value);
+      reinterpret_cast<uint16_t*>(h_q)[static_cast<int64_t>(n) * inter + tile * 32 +
+                                       Bf16BlockColumn(lane)] = static_cast<uint16_t>(value);
     } else {
       h_q[static_cast<int64_t>(n) * inter + tile * 32 + lane] = static_cast<uint8_t>(e4m3);
       if (lane == 0) {

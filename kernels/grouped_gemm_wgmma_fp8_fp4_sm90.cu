@@ -13,7 +13,7 @@
 //     (one contiguous burst, evict-first in L2) completing on the stage's `full` barrier, and
 //     the block's activations (E4M3, n rows x 128) plus the 16-byte window of each row's UE8M0
 //     scales through cp.async (L2 only), released on the same barrier kLagStages stages later
-//     (the bf16 kernel: BF16 rows, n x 256 bytes, no scales).
+//     (the bf16 kernel: BF16 rows, 256 bytes per valid row, no scales).
 //     The ring spans task boundaries, so the next task's weights stream during this epilogue.
 //   consumers: per stage, two 16-byte shared loads per lane (E2M1) give the A fragments of the
 //     four K32 scale blocks; FP4 is decoded to E4M3 (times 2^-6) in registers by masks and one
@@ -26,7 +26,7 @@
 //                       default's W2 at BM <= 32 takes kWgmma = true: layer_roles.h)
 //     and the per-32 weight and activation scales are applied by FMA into the accumulator;
 //     or (GemmKernel::kStreamBf16, MainloopBf16) FP4 is decoded to BF16 and multiplied by its
-//     block scale, and wgmma m64nNk16 BF16 sums the whole K of exact operands in FP32.
+//     block scale, and mma.sync m16n8k16 BF16 sums the whole K of exact operands in FP32.
 //     Then the fused epilogue (SwiGLU + routing weight + E4M3 requantization, or the BF16
 //     scatter to the combine buffer).
 //   valid-M sizing: the MMA width n is the smallest of 8, 16, 32, 64 covering the block's rows,
@@ -226,13 +226,16 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
       }
       const uint32_t b_st = st + a_region;
       if constexpr (kBf16) {
-        // B [unit v][row n][16 bytes], BF16 rows already in column order (bf16_operands.h):
-        // consecutive lanes read one row's 256 contiguous bytes; no scales.
-        for (int i = lane; i < d.n * 16; i += 32) {
+        // B [kb][row n][t][16 bytes], BF16 rows already in block column order
+        // (bf16_operands.h): unit u = 4 kb + t of a row's chunk is lane t's 8 values of block kb.
+        // Consecutive lanes read one row's 256 contiguous bytes; no scales. Only the valid rows:
+        // the MMA's other token columns are never read (each column of the result depends on
+        // its own column of B only).
+        for (int i = lane; i < d.rows * 16; i += 32) {
           const int n = i >> 4;
-          const int v = i & 15;
-          CpAsyncCg16(b_st + v * (BM * 16) + n * 16,
-                      act + (static_cast<int64_t>(n) * d.k + c * kChunkK) * 2 + v * 16);
+          const int u = i & 15;
+          CpAsyncCg16(b_st + ((u >> 2) * BM + n) * 64 + (u & 3) * 16,
+                      act + (static_cast<int64_t>(n) * d.k + c * kChunkK) * 2 + u * 16);
         }
       } else {
         // B [unit u][row n][16 bytes]: consecutive lanes read one row's 128 contiguous bytes.

@@ -236,8 +236,8 @@ struct LayerParams {
   int32_t role1_grid = 0;   // role1's CTAs (role2's SM log entries follow role1's)
   int32_t role2_grid = 0;   // role2's CTAs (role3 checks the task claims against it)
   int32_t r2_stages = 0;    // shared-memory stages of the streaming role2 (0: stepping stone)
-  // 1 with the bf16 role2: ring, h_q and hs_q hold BF16 rows (2 bytes per value, each 16-value
-  // window in wgmma column order: bf16_operands.h), x_bf the shared expert's input; the scale
+  // 1 with the bf16 role2: ring, h_q and hs_q hold BF16 rows (2 bytes per value, each 32-value
+  // block in block column order: bf16_operands.h), x_bf the shared expert's input; the scale
   // arrays of those three stay unused. x_q / x_s (what peers read) stay E4M3.
   int32_t act_bf16 = 0;
 

@@ -13,18 +13,14 @@
 
 namespace gcmoe::kernels {
 
-// One 32-value block (8 words of E4M3 codes, its scale code) as two BF16 windows at dst.
+// One 32-value block (8 words of E4M3 codes, its scale code) as BF16 in block column order.
 __device__ __forceinline__ void StoreBf16Block(const uint32_t (&codes)[8], uint32_t scale_code,
                                                uint16_t* dst) {
-  uint32_t out[8];
+  uint32_t out[16];
+  E4m3BlockToBf16(codes, scale_code, out);
+  uint4* d = reinterpret_cast<uint4*>(dst);
 #pragma unroll
-  for (int w = 0; w < 2; ++w) {
-    const uint32_t window[4] = {codes[4 * w], codes[4 * w + 1], codes[4 * w + 2], codes[4 * w + 3]};
-    E4m3WindowToBf16(window, scale_code, out);
-    uint4* d = reinterpret_cast<uint4*>(dst + 16 * w);
-    d[0] = make_uint4(out[0], out[1], out[2], out[3]);
-    d[1] = make_uint4(out[4], out[5], out[6], out[7]);
-  }
+  for (int u = 0; u < 4; ++u) d[u] = make_uint4(out[4 * u], out[4 * u + 1], out[4 * u + 2], out[4 * u + 3]);
 }
 
 // The bf16 role2's BF16 row of an E4M3 row (codes, scales): lane per 32-value block. `fresh`:
@@ -44,7 +40,7 @@ __device__ __forceinline__ void WarpRowToBf16(const uint8_t* codes, const uint8_
 }
 
 // Lane `lane` converts blocks lane, lane + 32, ... of row `row`: 32 values in, 32 codes and
-// one scale out (and, with x_bf, the block's BF16 windows).
+// one scale out (and, with x_bf, the block's BF16 values).
 __device__ __forceinline__ void QuantizeRowWarp(const void* hidden, const uint8_t* hidden_scales,
                                                 int in_dtype, int hidden_size, int row, int lane,
                                                 uint8_t* x_q, uint8_t* x_s,

@@ -1,7 +1,7 @@
 // The consumer warpgroup's K loops of the warp-specialized role2
 // (grouped_gemm_wgmma_fp8_fp4_sm90.cu), one chunk (K128) per stage of its pipeline
 // (stream_pipeline_sm90.cuh): mma.sync or FP8 wgmma with the block scales folded in per K32
-// (Mainloop), or exact BF16 operands and wgmma over the whole K (MainloopBf16); RunMainloop
+// (Mainloop), or exact BF16 operands and mma.sync over the whole K (MainloopBf16); RunMainloop
 // picks one per task.
 #pragma once
 
@@ -25,6 +25,15 @@ __device__ __forceinline__ void MmaE4m3(uint32_t a0, uint32_t a1, uint32_t a2, u
       "{%8,%9}, {%10,%10,%10,%10};"
       : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// The bf16 variant's MMA: one warp's m16n8k16 BF16, accumulating into d (FP32).
+__device__ __forceinline__ void MmaBf16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float& d0,
+                                        float& d1, float& d2, float& d3) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // acc[4j..4j+3] += tile (this warp's rows g, g+8; tokens 8j+2t, 8j+2t+1) of scale block kb,
@@ -190,16 +199,19 @@ __device__ __forceinline__ void Mainloop(const TaskDesc& d, const uint8_t* stage
   }
 }
 
-// The bf16 kernel's K loop (GemmKernel::kStreamBf16), one chunk per stage. The stage's B is
-// the block's activations as exact BF16 in the weights' column order (written once per block by
-// role1 or the W1 epilogue); the weights are decoded to BF16 and multiplied by their block scale
-// in registers (exact), all four K32 blocks first, then the stage's eight wgmma m64nNk16 BF16
-// accumulate into the FP32 tile as one group (issuing per K32 block with one in flight measured
-// 1-2 % slower). Exact operands and one FP32 accumulation over K: no per-K32 scale folding, none
-// of the FP8 tensor core's reduced-precision sums. A stage goes back to the producer once the
-// MMAs reading it are done, at its end: keeping them in flight into the next stage made ptxas
-// serialize every wgmma (C7513: the next stage's descriptor is defined while an MMA that read
-// the previous one runs).
+// The bf16 kernel's K loop (GemmKernel::kStreamBf16), one chunk per stage: exact BF16 operands
+// and mma.sync m16n8k16 BF16 accumulating the whole K in FP32. No per-K32 scale folding, no
+// E4M3 conversions (sm_90 runs E4M3 mma.sync on the FP16 tensor cores, converting every operand),
+// none of the FP8 tensor core's reduced-precision sums.
+//   A: the weights decoded to BF16 times 2^-126 by masks and rotations (kE2M1Bf16 lane words) and
+//      multiplied by their block scale times 2^126 (exact), per K32 block the registers of its two
+//      K16 steps (the lane word's low and high runs).
+//   B: the block's activations as exact BF16 rows written once per block (role1's pull, the W1
+//      epilogue), in block column order (bf16_operands.h): lane t's eight values of a 32-block
+//      are one 16-byte unit, the b0, b1 of both K16 steps, so one shared load per token group
+//      and K32 block. The stage holds [kb][token][t][16 bytes].
+// At N <= 16 the two K16 steps of a block accumulate into separate tiles (summed at the end): a
+// single chain of dependent mma.sync would bound a warp by the MMA latency.
 template <int BM, int N, bool kFp4>
 __device__ __forceinline__ void MainloopBf16(const TaskDesc& d, const uint8_t* stage_base,
                                              int stages, int stage_bytes, int a_region,
@@ -208,9 +220,13 @@ __device__ __forceinline__ void MainloopBf16(const TaskDesc& d, const uint8_t* s
                                              RingCursor& ring) {
   constexpr TileFormat kFormat = kFp4 ? TileFormat::kE2M1Bf16 : TileFormat::kE4M3;
   constexpr uint32_t kBias = kFp4 ? kE2m1Bf16ScaleBias : kE4m3Bf16ScaleBias;
+  constexpr bool kSplit = N <= 16;
+  const int lane = threadIdx.x & 31;
+  const int unit = (lane >> 2) * 64 + (lane & 3) * 16;  // token g's unit t of a block
   const int chunks = d.k / kChunkK;
+  float acc_hi[kSplit ? N / 2 : 1];
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) FenceOperand(acc[i]);
+  for (int i = 0; i < (kSplit ? N / 2 : 1); ++i) acc_hi[i] = 0.0f;
 
   for (int c = 0; c < chunks; ++c, ring.Advance(stages)) {
     const int s = ring.stage;
@@ -218,53 +234,50 @@ __device__ __forceinline__ void MainloopBf16(const TaskDesc& d, const uint8_t* s
     uint2 sw;
     const uint8_t* st = WaitAndLoadWeights<kFormat>(stage_base, stage_bytes, s, ring.phase, bars,
                                                     mbar_timeout, env, w, sw);
-    // K16 step j's B: units 2j and 2j + 1, BM * 16 bytes apart (the descriptor's K stride).
-    const uint64_t b_desc = SmemDescNoSwizzle(SmemAddr(st + a_region), BM * 16, 128);
-
-    // Registers {r0, r1, r2, r3} of K16 step 2kb + h: rows g and g + 8 at columns 2t, 2t + 1
-    // (r0, r1) and 2t + 8, 2t + 9 (r2, r3); step 2kb holds K32 block kb's low run, 2kb + 1 its
-    // high run. All eight steps are decoded first, then issued as one group.
-    uint32_t a[8][4];
+    const uint8_t* b_st = st + a_region + unit;
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
       const uint32_t sw_word = kb < 2 ? sw.x : sw.y;
       const uint32_t f_g = ScaleBytePair(sw_word, (kb & 1) * 2, kBias);
       const uint32_t f_g8 = ScaleBytePair(sw_word, (kb & 1) * 2 + 1, kBias);
+      // Registers of K16 step 2kb + h: rows g and g + 8 at columns 2t, 2t + 1 (a[h][0], a[h][1])
+      // and 2t + 8, 2t + 9 (a[h][2], a[h][3]).
+      uint32_t a[2][4];
       if constexpr (kFp4) {
         const Bf16Quad row_g = DecodeE2m1Bf16Word(w[kb * 2]);
         const Bf16Quad row_g8 = DecodeE2m1Bf16Word(w[kb * 2 + 1]);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          a[2 * kb + h][0] = MulBf16x2(row_g.r[2 * h], f_g);
-          a[2 * kb + h][1] = MulBf16x2(row_g8.r[2 * h], f_g8);
-          a[2 * kb + h][2] = MulBf16x2(row_g.r[2 * h + 1], f_g);
-          a[2 * kb + h][3] = MulBf16x2(row_g8.r[2 * h + 1], f_g8);
+          a[h][0] = MulBf16x2(row_g.r[2 * h], f_g);
+          a[h][1] = MulBf16x2(row_g8.r[2 * h], f_g8);
+          a[h][2] = MulBf16x2(row_g.r[2 * h + 1], f_g);
+          a[h][3] = MulBf16x2(row_g8.r[2 * h + 1], f_g8);
         }
       } else {
         // E4M3 words of the block: row g low run, row g high run, row g + 8 low, high.
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          a[2 * kb + h][0] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + h], 0), f_g);
-          a[2 * kb + h][1] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + 2 + h], 0), f_g8);
-          a[2 * kb + h][2] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + h], 1), f_g);
-          a[2 * kb + h][3] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + 2 + h], 1), f_g8);
+          a[h][0] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + h], 0), f_g);
+          a[h][1] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + 2 + h], 0), f_g8);
+          a[h][2] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + h], 1), f_g);
+          a[h][3] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + 2 + h], 1), f_g8);
         }
       }
-    }
-    WgmmaFence();
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      // The descriptor's address field counts 16-byte units.
-      const uint64_t step = static_cast<uint64_t>(j * 2 * BM * 16) >> 4;
-      WgmmaBf16<N>::Run(acc, a[j], b_desc + step, c > 0 || j > 0);
+      for (int j = 0; j < N / 8; ++j) {
+        const uint4 b = *reinterpret_cast<const uint4*>(b_st + (kb * BM + 8 * j) * 64);
+        MmaBf16(a[0], b.x, b.y, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+        float* hi = kSplit ? &acc_hi[4 * j] : &acc[4 * j];
+        MmaBf16(a[1], b.z, b.w, hi[0], hi[1], hi[2], hi[3]);
+      }
     }
-    WgmmaCommit();
-    WgmmaWait<0>();
-    FenceProxyAsyncShared();  // behind this thread's generic loads of the stage
+    FenceProxyAsyncShared();  // behind this thread's generic loads of the stage (the refill)
     MbarArrive(SmemAddr(&bars.empty[s]));
   }
+  if constexpr (kSplit) {
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) FenceOperand(acc[i]);
+    for (int i = 0; i < N / 2; ++i) acc[i] += acc_hi[i];
+  }
 }
 
 template <int BM, bool kFp4, GemmKernel kKernel>

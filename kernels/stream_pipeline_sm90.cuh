@@ -9,8 +9,8 @@
 //            the async proxy). At most kLagStages stages wait for that release, and
 //            kLagStages < stages, so the producer's empty wait never waits on itself; before
 //            any other blocking wait it releases everything.
-//   empty[s] count 128: every consumer thread, after the wgmmas reading the stage completed
-//            (wait_group 0) and a proxy fence behind its own shared loads (the refill's bulk
+//   empty[s] count 128: every consumer thread, after the MMAs reading the stage completed
+//            (wgmma: wait_group 0) and a proxy fence behind its own shared loads (the refill's bulk
 //            copy writes through the async proxy); the producer waits on it before refilling.
 //   desc_full/desc_empty (2 slots): the task descriptor, published before its stages.
 #pragma once
@@ -40,8 +40,8 @@ __host__ __device__ constexpr int TargetCtasPerSm(int bm) {
 }
 // A stage: the tile's four stripe chunks (room for E4M3 when the layer has a shared expert),
 // then B [8 K16 units][bm rows][16 bytes], then the scale windows [bm rows][16 bytes]. The bf16
-// kernel's B is BF16 and needs no scales: [16 units (K16 step s: units 2s, 2s + 1 = its two core
-// matrices)][bm rows][16 bytes].
+// kernel's B is BF16 and needs no scales: [4 K32 blocks][bm rows][4 lane units][16 bytes]
+// (bf16_operands.h, block column order).
 __host__ __device__ constexpr int ARegionBytes(bool has_shared) {
   return 4 * ChunkBytes(has_shared ? TileFormat::kE4M3 : TileFormat::kE2M1);
 }

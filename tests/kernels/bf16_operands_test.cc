@@ -109,34 +109,37 @@ TEST(Bf16Operands, E4m3ActivationTimesScaleIsExact) {
   }
 }
 
-// A 16-value window as the bf16 role2 reads it: column c holds logical element l with
-// Bf16WindowColumn(l) = c, the exact value code x scale; the columns are a permutation.
-TEST(Bf16Operands, WindowIsTheExactValuesInFragmentColumnOrder) {
+// A 32-value block as the bf16 role2 reads it: column c holds logical element l with
+// Bf16BlockColumn(l) = c, the exact value code x scale; the columns are a permutation, and lane
+// t's 16-byte unit (columns 8t..8t+7) holds its weight lane word's low run 4t..4t+3, then its
+// high run 16+4t..16+4t+3, in order: the mma.m16n8k16 B registers of the block's two K16 steps.
+TEST(Bf16Operands, BlockIsTheExactValuesInLaneUnitOrder) {
   std::mt19937 rng(23);
-  int seen[16] = {};
-  for (int l = 0; l < 16; ++l) ++seen[Bf16WindowColumn(l)];
-  for (int c = 0; c < 16; ++c) ASSERT_EQ(seen[c], 1) << "column " << c;
-  // Lane t of a weight lane word holds logical 4t..4t+3 at columns 2t, 2t+1, 2t+8, 2t+9.
+  int seen[32] = {};
+  for (int l = 0; l < 32; ++l) ++seen[Bf16BlockColumn(l)];
+  for (int c = 0; c < 32; ++c) ASSERT_EQ(seen[c], 1) << "column " << c;
   for (int t = 0; t < 4; ++t) {
-    EXPECT_EQ(Bf16WindowColumn(4 * t), 2 * t);
-    EXPECT_EQ(Bf16WindowColumn(4 * t + 1), 2 * t + 1);
-    EXPECT_EQ(Bf16WindowColumn(4 * t + 2), 2 * t + 8);
-    EXPECT_EQ(Bf16WindowColumn(4 * t + 3), 2 * t + 9);
+    for (int e = 0; e < 4; ++e) {
+      EXPECT_EQ(Bf16BlockColumn(4 * t + e), 8 * t + e);
+      EXPECT_EQ(Bf16BlockColumn(16 + 4 * t + e), 8 * t + 4 + e);
+    }
   }
+  // Every block of a row is permuted in place.
+  EXPECT_EQ(Bf16BlockColumn(32 * 7 + 5), 32 * 7 + Bf16BlockColumn(5));
   for (int trial = 0; trial < 2000; ++trial) {
-    uint8_t codes[16];
-    uint32_t words[4] = {};
-    for (int l = 0; l < 16; ++l) {
+    uint8_t codes[32];
+    uint32_t words[8] = {};
+    for (int l = 0; l < 32; ++l) {
       do {
         codes[l] = static_cast<uint8_t>(rng());
       } while (IsE4m3Nan(codes[l]));
       words[l / 4] |= static_cast<uint32_t>(codes[l]) << (8 * (l % 4));
     }
     const uint32_t scale = 105 + rng() % 40;
-    uint32_t out[8];
-    E4m3WindowToBf16(words, scale, out);
-    for (int l = 0; l < 16; ++l) {
-      const int c = Bf16WindowColumn(l);
+    uint32_t out[16];
+    E4m3BlockToBf16(words, scale, out);
+    for (int l = 0; l < 32; ++l) {
+      const int c = Bf16BlockColumn(l);
       const double want =
           numerics::DecodeE4M3(codes[l]) * numerics::DecodeUE8M0(static_cast<uint8_t>(scale));
       ASSERT_EQ(Half(out[c / 2], c % 2), want) << "element " << l << " trial " << trial;
