@@ -61,18 +61,25 @@ Status UploadTiles(bool gated, TileFormat format, const std::vector<uint8_t>& co
 }
 
 // The bf16 role2 multiplies each decoded weight by its block scale in BF16: the scale's code plus
-// the decode's bias must stay a finite BF16 exponent (kernels/bf16_operands.h).
-Status CheckBf16Scales(const std::string& what, const std::vector<uint8_t>& scales, uint32_t bias) {
+// the decode's bias must stay a finite BF16 exponent (kernels/bf16_operands.h). A matrix whose
+// largest code is above that limit is loaded with every code lowered by the excess, its shift,
+// which its tasks multiply back into their FP32 results (kernels::StepHeader::scale_shift): the
+// same values exactly. Only a matrix whose scales span more than BF16 can hold is refused.
+Result<int32_t> ShiftBf16Scales(const std::string& what, uint32_t bias,
+                                std::vector<uint8_t>* scales) {
+  if (scales->empty()) return 0;
   const int limit = kernels::MaxBf16ScaleCode(bias);
-  for (const uint8_t code : scales) {
-    if (code > limit) {
-      return InvalidArgument("cuda backend: " + what + " has a block scale 2^" +
-                             std::to_string(code - 127) + " (UE8M0 code " + std::to_string(code) +
-                             "); the bf16 role2 kernel takes scales up to 2^" +
-                             std::to_string(limit - 127) + ": use GCMOE_CUDA_GEMM=stream");
-    }
+  const auto [lo, hi] = std::minmax_element(scales->begin(), scales->end());
+  if (*hi <= limit) return 0;
+  const int shift = *hi - limit;
+  if (*lo < shift) {
+    return InvalidArgument("cuda backend: " + what + " has block scales from 2^" +
+                           std::to_string(*lo - 127) + " to 2^" + std::to_string(*hi - 127) +
+                           ", a wider span than the bf16 role2 kernel holds (2^" +
+                           std::to_string(limit) + "): use GCMOE_CUDA_GEMM=stream");
   }
-  return Status::Ok();
+  for (uint8_t& code : *scales) code = static_cast<uint8_t>(code - shift);
+  return shift;
 }
 
 }  // namespace
@@ -238,7 +245,7 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::FreeWeights() {
   for (LayerWeights& l : layers_) {
-    for (void* p : {l.w1, l.w2, l.ws1, l.ws2}) {
+    for (void* p : {l.w1, l.w2, l.ws1, l.ws2, static_cast<void*>(l.scale_shift)}) {
       if (p != nullptr) cudaFree(p);
     }
   }
@@ -277,6 +284,7 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
     if (err == cudaSuccess)
       err = cudaMalloc(&lw.w2, std::max<int64_t>(1, w2_bytes * held_experts_));
     if (err != cudaSuccess) return CudaError("allocating layer " + std::to_string(l), err);
+    std::vector<int32_t> shifts(2 * held_experts_ + 2, 0);  // StepHeader::scale_shift
     for (int slot = 0; slot < held_experts_; ++slot) {
       GCMOE_ASSIGN_OR_RETURN(ExpertWeights w, source.LoadExpert(l, experts[slot]));
       if (w.w1.size() != static_cast<size_t>(2) * I * H / 2 ||
@@ -287,10 +295,12 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
       if (bf16) {
         const std::string what =
             "expert " + std::to_string(experts[slot]) + " of layer " + std::to_string(l);
-        GCMOE_RETURN_IF_ERROR(
-            CheckBf16Scales(what + " W1", w.w1_scales, kernels::kE2m1Bf16ScaleBias));
-        GCMOE_RETURN_IF_ERROR(
-            CheckBf16Scales(what + " W2", w.w2_scales, kernels::kE2m1Bf16ScaleBias));
+        GCMOE_ASSIGN_OR_RETURN(shifts[2 * slot], ShiftBf16Scales(what + " W1",
+                                                                 kernels::kE2m1Bf16ScaleBias,
+                                                                 &w.w1_scales));
+        GCMOE_ASSIGN_OR_RETURN(shifts[2 * slot + 1], ShiftBf16Scales(what + " W2",
+                                                                     kernels::kE2m1Bf16ScaleBias,
+                                                                     &w.w2_scales));
       }
       GCMOE_RETURN_IF_ERROR(UploadTiles(true, routed, w.w1, w.w1_scales, I, H,
                                         static_cast<uint8_t*>(lw.w1) + slot * w1_bytes, &staging));
@@ -301,10 +311,12 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
       GCMOE_ASSIGN_OR_RETURN(SharedExpertWeights w, source.LoadShared(l));
       if (bf16) {
         const std::string what = "the shared expert of layer " + std::to_string(l);
-        GCMOE_RETURN_IF_ERROR(
-            CheckBf16Scales(what + " W1", w.w1_scales, kernels::kE4m3Bf16ScaleBias));
-        GCMOE_RETURN_IF_ERROR(
-            CheckBf16Scales(what + " W2", w.w2_scales, kernels::kE4m3Bf16ScaleBias));
+        GCMOE_ASSIGN_OR_RETURN(shifts[2 * held_experts_],
+                               ShiftBf16Scales(what + " W1", kernels::kE4m3Bf16ScaleBias,
+                                               &w.w1_scales));
+        GCMOE_ASSIGN_OR_RETURN(shifts[2 * held_experts_ + 1],
+                               ShiftBf16Scales(what + " W2", kernels::kE4m3Bf16ScaleBias,
+                                               &w.w2_scales));
       }
       const int64_t s1 = kernels::GatedTilesBytes(TileFormat::kE4M3, Is, H);
       const int64_t s2 = kernels::PlainTilesBytes(TileFormat::kE4M3, H, Is);
@@ -315,6 +327,21 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
                                         static_cast<uint8_t*>(lw.ws1), &staging));
       GCMOE_RETURN_IF_ERROR(UploadTiles(false, TileFormat::kE4M3, w.w2, w.w2_scales, H, Is,
                                         static_cast<uint8_t*>(lw.ws2), &staging));
+    }
+    if (bf16) {
+      const size_t bytes = shifts.size() * sizeof(int32_t);
+      err = cudaMalloc(&lw.scale_shift, bytes);
+      if (err == cudaSuccess) {
+        err = cudaMemcpy(lw.scale_shift, shifts.data(), bytes, cudaMemcpyHostToDevice);
+      }
+      if (err != cudaSuccess) return CudaError("uploading the scale shifts", err);
+      const int shifted = static_cast<int>(
+          std::count_if(shifts.begin(), shifts.end(), [](int32_t s) { return s != 0; }));
+      if (shifted > 0) {
+        spdlog::info("cuda backend: layer {}: {} of {} matrices have block scales above the bf16 "
+                     "kernel's multiplier range, loaded shifted (exact)",
+                     l, shifted, shifts.size());
+      }
     }
   }
   return Status::Ok();
@@ -634,6 +661,7 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   header.w2 = static_cast<const uint8_t*>(lw.w2);
   header.ws1 = static_cast<const uint8_t*>(lw.ws1);
   header.ws2 = static_cast<const uint8_t*>(lw.ws2);
+  header.scale_shift = lw.scale_shift;
 
   cudaStream_t s = graph_->stream();
   const size_t in_bytes = static_cast<size_t>(T) * H * DTypeBytes(ctx.hidden.dtype);

@@ -117,7 +117,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
     if (lane == 0) task = static_cast<int>(atomicAdd(&p.sig->task_next, 1u));
     task = __shfl_sync(0xFFFFFFFFu, task, 0);
     const uint64_t claim_ns = p.task_trace != nullptr ? GlobalTimerNs() : 0;
-    TaskDesc d{-1, 0, 0, 0, 0, 0, 0, 0};
+    TaskDesc d{-1, 0, 0, 0, 0, 0, 0, 0, 0};
     const uint8_t* tile_ptr = nullptr;
     const uint8_t* act = nullptr;
     const uint8_t* act_scales = nullptr;
@@ -188,6 +188,11 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         }
         d.n = MmaWidth(d.rows, BM);
         d.task = task;
+        if (hdr.scale_shift != nullptr) {
+          const bool routed = kind == kRoutedW1 || kind == kRoutedW2;
+          const bool w2 = kind == kRoutedW2 || kind == kSharedW2;
+          d.scale_shift = hdr.scale_shift[(routed ? blk.local_slot : p.dims.local_experts) * 2 + w2];
+        }
         if (p.task_trace != nullptr && lane == 0 && task < p.task_trace_cap) {
           TaskTrace& t = p.task_trace[task];
           t.cta = blockIdx.x, t.sm = SmId(), t.kind = kind, t.recorded = 1;
@@ -300,6 +305,11 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
     } else {
       RunMainloop<BM, false, kKernel>(d, stage_base, stages, stage_bytes, a_region, bars,
                                       mbar_timeout, env, acc, ring, d.kind == kSharedW2);
+    }
+    if (d.scale_shift != 0) {
+      const float undo = FloatFromBits(static_cast<uint32_t>(127 + d.scale_shift) << 23);
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) acc[i] *= undo;  // exact: a power of two
     }
 
     // The tile's results to shared memory: red[row 0..63][token].

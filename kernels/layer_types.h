@@ -104,6 +104,11 @@ struct StepHeader {
   const uint8_t* w2;   // [local_experts][H/64 tiles]
   const uint8_t* ws1;  // shared W1, [I_s/32 tiles] (null without a shared expert)
   const uint8_t* ws2;  // shared W2, [H/64 tiles]
+  // The bf16 role2 only (else null): per held expert the power of two its W1 and W2 block
+  // scales were divided by at load so that every scale multiplier stays in BF16's range,
+  // [local_experts][W1, W2], then the shared expert's [W1, W2]. A task multiplies its FP32
+  // results by 2^shift (exact).
+  const int32_t* scale_shift;
 };
 
 // Scalar signals, device-persistent across replays. Invariant at the start of every replay:

@@ -61,6 +61,7 @@ struct TaskDesc {
   int32_t k;          // contraction
   int32_t scale_mod;  // the activation scales' address mod 16 (the windows are 16-aligned)
   int32_t task;       // index in the task space (the trace's slot)
+  int32_t scale_shift;  // the bf16 kernel: results times 2^scale_shift (StepHeader::scale_shift)
 };
 
 struct Barriers {

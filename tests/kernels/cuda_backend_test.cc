@@ -204,19 +204,29 @@ TEST_F(CudaBackendTest, AbortedStepReturnsAbortedAndTheNextStepRuns) {
   ExpectMatch(pair.get(), in, ++generation_, "after abort");
 }
 
-// Delegates to random-code weights, with one routed W2 block scale raised to `code`.
-class OneLargeScale final : public engine::WeightSource {
+// Delegates to random-code weights with every block scale code (routed and shared) raised by
+// `raise`, then expert 3's routed W2 block 5 set to `high` and block 6 to `low` (0: left).
+class ScaledWeights final : public engine::WeightSource {
  public:
-  OneLargeScale(const engine::ModelSpec& spec, uint8_t code) : inner_(spec, 19), code_(code) {}
+  ScaledWeights(const engine::ModelSpec& spec, int raise, uint8_t high = 0, uint8_t low = 0)
+      : inner_(spec, 19), raise_(raise), high_(high), low_(low) {}
   const engine::ModelSpec& spec() const override { return inner_.spec(); }
   std::string Describe() const override { return inner_.Describe(); }
   Result<engine::ExpertWeights> LoadExpert(int layer, int expert) const override {
     auto w = inner_.LoadExpert(layer, expert);
-    if (w.ok() && expert == 3) w->w2_scales[5] = code_;
+    if (!w.ok()) return w;
+    Raise(&w->w1_scales);
+    Raise(&w->w2_scales);
+    if (expert == 3 && high_ != 0) w->w2_scales[5] = high_;
+    if (expert == 3 && low_ != 0) w->w2_scales[6] = low_;
     return w;
   }
   Result<engine::SharedExpertWeights> LoadShared(int layer) const override {
-    return inner_.LoadShared(layer);
+    auto w = inner_.LoadShared(layer);
+    if (!w.ok()) return w;
+    Raise(&w->w1_scales);
+    Raise(&w->w2_scales);
+    return w;
   }
   Result<engine::DenseExpertWeights> LoadExpertDense(int layer, int expert) const override {
     return inner_.LoadExpertDense(layer, expert);
@@ -230,19 +240,49 @@ class OneLargeScale final : public engine::WeightSource {
   }
 
  private:
+  void Raise(std::vector<uint8_t>* scales) const {
+    for (uint8_t& code : *scales) code = static_cast<uint8_t>(code + raise_);
+  }
   server::RandomCodeWeightSource inner_;
-  uint8_t code_;
+  int raise_;
+  uint8_t high_;
+  uint8_t low_;
 };
 
-// The bf16 role2 folds each block scale into a BF16 multiplier: a routed scale above 2 (UE8M0
-// code 128) is refused at load with the way out named; 2 itself loads; the stream role2 takes
-// any scale.
-TEST_F(CudaBackendTest, Bf16KernelRefusesBlockScalesItCannotFold) {
+// The bf16 role2 folds each block scale into a BF16 multiplier, which holds routed scales up to
+// 2 (UE8M0 code 128) and shared ones up to 2^7: matrices with larger scales load with their codes
+// lowered and the results raised back, exactly, so they match the CPU backend as any other. Here
+// every scale is 2^12 times the generator's (all above the limit), and then one block of expert
+// 3's W2 is 2^73 (that matrix shifted by 72).
+TEST_F(CudaBackendTest, Bf16KernelShiftsLargeBlockScalesExactly) {
+  for (bool shared : {false, true}) {
+    for (uint8_t high : {uint8_t{0}, uint8_t{200}}) {
+      const engine::ModelSpec spec = SmallModel(shared);
+      ScaledWeights weights(spec, 12, high);
+      auto pair = BackendPair::Create(spec, 64, weights, {"GCMOE_CUDA_GEMM=bf16"});
+      ASSERT_NE(pair, nullptr);
+      std::mt19937_64 rng(14);
+      for (int tokens : {7, 64}) {
+        for (Routing routing : {Routing::kUniform, Routing::kAllOnOneExpert}) {
+          const StepInputs in = MakeInputs(spec, tokens, DType::kBF16, routing, &rng);
+          ExpectMatch(pair.get(), in, ++generation_,
+                      "shared " + std::to_string(shared) + " high " + std::to_string(high) +
+                          " T " + std::to_string(tokens));
+        }
+      }
+    }
+  }
+}
+
+// Only a matrix whose block scales span more than BF16 can hold (2^-126 next to 2^127) is
+// refused by the bf16 role2, at load, naming the matrix and the way out; the stream role2 takes
+// any scales.
+TEST_F(CudaBackendTest, Bf16KernelRefusesScalesWiderThanBf16) {
   const engine::ModelSpec spec = SmallModel(false);
   std::vector<int> all(spec.num_experts);
   for (int e = 0; e < spec.num_experts; ++e) all[e] = e;
-  for (const auto& [kernel, code, ok] :
-       {std::tuple{"bf16", 129, false}, {"bf16", 128, true}, {"stream", 140, true}}) {
+  const ScaledWeights weights(spec, 0, 254, 1);
+  for (const auto& [kernel, ok] : {std::pair{"bf16", false}, {"stream", true}}) {
     engine::BackendOptions options;
     options.model = spec;
     options.max_tokens_per_rank = 8;
@@ -250,13 +290,12 @@ TEST_F(CudaBackendTest, Bf16KernelRefusesBlockScalesItCannotFold) {
     options.instance = "gcmoe-gputest-bf16-scales-" + std::to_string(getpid());
     auto backend = engine::CudaBackend::Create(options);
     ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-    const Status loaded =
-        (*backend)->LoadExperts(OneLargeScale(spec, static_cast<uint8_t>(code)), all);
+    const Status loaded = (*backend)->LoadExperts(weights, all);
     if (ok) {
-      EXPECT_TRUE(loaded.ok()) << kernel << " code " << code << ": " << loaded.ToString();
+      EXPECT_TRUE(loaded.ok()) << kernel << ": " << loaded.ToString();
       continue;
     }
-    ASSERT_FALSE(loaded.ok()) << kernel << " code " << code;
+    ASSERT_FALSE(loaded.ok()) << kernel;
     EXPECT_EQ(loaded.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(loaded.message().find("expert 3 of layer 0 W2"), std::string::npos)
         << loaded.message();
