@@ -85,14 +85,14 @@ Result<int32_t> ShiftBf16Scales(const std::string& what, uint32_t bias,
 }  // namespace
 
 Result<kernels::GemmKernel> ChooseRole2Kernel(const char* requested) {
-  if (requested == nullptr || *requested == '\0') return kernels::GemmKernel::kStreamMma;
+  if (requested == nullptr || *requested == '\0') return kernels::GemmKernel::kStreamBf16;
   const std::string name = requested;
   if (name == "mma") return kernels::GemmKernel::kMmaSync;
   if (name == "stream") return kernels::GemmKernel::kStreamMma;
   if (name == "wgmma") return kernels::GemmKernel::kStreamWgmma;
   if (name == "bf16") return kernels::GemmKernel::kStreamBf16;
   return InvalidArgument("cuda backend: role2 kernel (GCMOE_CUDA_GEMM) " + name +
-                         " is not stream, bf16, wgmma or mma");
+                         " is not bf16, stream, wgmma or mma");
 }
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
@@ -476,9 +476,16 @@ Status CudaBackend::ForceBlockRows(int bm) {
   return Status::Ok();
 }
 
-int BlockRowsForMeanRows(double rows_per_expert) {
-  // Measured optima (2026-11-29): 8 at means 2 and 4, 16 at 8 and 16, 32 at 32, 64 at 64; each
-  // switch sits at the geometric midpoint between the means on either side.
+int BlockRowsForMeanRows(kernels::GemmKernel kernel, double rows_per_expert) {
+  // Each switch sits at the geometric midpoint between the measured means on either side.
+  if (kernel == kernels::GemmKernel::kStreamBf16) {
+    // Measured optima (2026-12-01): 16 at means 2 to 8 (8 within 1 % at 2 and 4), 32 at 16, 32
+    // and 64; 64 is 1.2-1.3x slower than 32 at 64 rows.
+    if (rows_per_expert < 1.41) return 8;   // sqrt(1 * 2): 8 and 16 measured even at 2
+    if (rows_per_expert < 11.3) return 16;  // sqrt(8 * 16)
+    return 32;
+  }
+  // The FP8 kernels (2026-11-29): 8 at means 2 and 4, 16 at 8 and 16, 32 at 32, 64 at 64.
   if (rows_per_expert < 5.66) return 8;   // sqrt(4 * 8)
   if (rows_per_expert < 22.6) return 16;  // sqrt(16 * 32)
   if (rows_per_expert < 45.3) return 32;  // sqrt(32 * 64)
@@ -487,7 +494,8 @@ int BlockRowsForMeanRows(double rows_per_expert) {
 
 int CudaBackend::ChooseBlockRows(int64_t rows) const {
   if (forced_bm_ != 0) return forced_bm_;
-  return BlockRowsForMeanRows(static_cast<double>(rows) / std::max(1, held_experts_));
+  return BlockRowsForMeanRows(graph_->gemm_kernel(),
+                              static_cast<double>(rows) / std::max(1, held_experts_));
 }
 
 Status CudaBackend::CheckStep(const StepContext& ctx) const {

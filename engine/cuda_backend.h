@@ -17,9 +17,10 @@
 //                                sequence with P > 1 (see Create)
 //   GCMOE_CUDA_WAIT_TIMEOUT_MS=N device spin-wait limit (default 5000)
 //   GCMOE_CUDA_RECORD_SM_IDS=1   role1/role2 CTAs log their SM (ReadSmIds)
-//   GCMOE_CUDA_GEMM=K            role2 kernel: stream (default: warp-specialized bulk-copy
-//                                pipeline, mma.sync), wgmma (the same pipeline with register-A
-//                                wgmma; not within calc_diff 1e-4 everywhere), mma (stepping
+//   GCMOE_CUDA_GEMM=K            role2 kernel: bf16 (default: warp-specialized bulk-copy
+//                                pipeline, exact BF16 operands, mma.sync BF16), stream (the same
+//                                pipeline, E4M3 mma.sync, FP8 wgmma for W2), wgmma (register-A
+//                                FP8 wgmma; not within calc_diff 1e-4 everywhere), mma (stepping
 //                                stone); BackendOptions::role2_kernel, when set, wins
 #pragma once
 
@@ -38,15 +39,16 @@
 
 namespace gcmoe::engine {
 
-// role2's kernel: `requested` (GCMOE_CUDA_GEMM: mma, stream or wgmma) when set and not empty,
-// else `stream`, on any number of GPUs. An unknown name is an InvalidArgument.
+// role2's kernel: `requested` (GCMOE_CUDA_GEMM: bf16, stream, wgmma or mma) when set and not
+// empty, else `bf16`, on any number of GPUs. An unknown name is an InvalidArgument.
 Result<kernels::GemmKernel> ChooseRole2Kernel(const char* requested);
 
 // The block size (rows per ring block, 8/16/32/64) for a step whose rank computes a mean of
-// `rows_per_expert` routed rows per held expert: the size measured fastest on both model
-// slices (docs/PERFORMANCE.md, "Block size"). A smaller block streams an expert's weights once
-// more per extra block; a larger one multiplies empty token columns and fits fewer CTAs per SM.
-int BlockRowsForMeanRows(double rows_per_expert);
+// `rows_per_expert` routed rows per held expert on role2 kernel `kernel`: the size measured
+// fastest on both model slices (docs/PERFORMANCE.md, "Block size"). A smaller block streams an
+// expert's weights once more per extra block; a larger one multiplies empty token columns and
+// fits fewer CTAs per SM.
+int BlockRowsForMeanRows(kernels::GemmKernel kernel, double rows_per_expert);
 
 class CudaBackend final : public Backend {
  public:

@@ -51,7 +51,7 @@ struct LayerGraphOptions {
   uint64_t timeout_ns = 5'000'000'000ull;
   bool record_sm_ids = false;                // role1/role2 CTAs log their SM (tests)
   bool trace_role2 = false;                  // role2 records every task's timeline (TaskTrace)
-  GemmKernel gemm = GemmKernel::kStreamMma;  // role2's kernel (layer_roles.h)
+  GemmKernel gemm = GemmKernel::kStreamBf16;  // role2's kernel (layer_roles.h)
   bool alltoall = false;                     // also allocate the all-to-all baseline's buffers
 };
 

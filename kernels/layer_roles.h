@@ -27,7 +27,7 @@ size_t Role1SmemBytes(const LayerDims& dims);
 // Which role2 kernel a layer graph runs.
 enum class GemmKernel : int {
   kMmaSync = 0,  // stepping stone: 8 warps, per-warp cp.async rings, mma.sync
-  // Warp-specialized bulk-copy pipeline (the default): mma.sync consumers for W1; for W2 at
+  // Warp-specialized bulk-copy pipeline (`stream`): E4M3 mma.sync consumers for W1; for W2 at
   // BM <= 32 the register-A FP8 wgmma below, whose reduced-precision K32 sums only reach the
   // BF16 output (no requantization follows W2): 1.05-1.07x, calc_diff 2e-7 against the CPU.
   kStreamMma = 1,
@@ -35,12 +35,13 @@ enum class GemmKernel : int {
   // sums each K32 block's products at reduced precision, and after the E4M3 requantization of
   // h two GPU tests exceed calc_diff 1e-4 (docs/PERFORMANCE.md); opt-in until that is fixed.
   kStreamWgmma = 2,
-  // The same pipeline with exact BF16 operands: weights decoded to BF16 times their block scale
-  // in registers, activations read as BF16 rows written once per block (role1's pull, the W1
-  // epilogue: LayerParams::act_bf16), register-A wgmma m64nNk16 BF16 summing the whole K in
-  // FP32. As accurate as `stream`, but not faster (docs/PERFORMANCE.md): opt-in. Needs its own
-  // lane-word placement (TileFormat::kE2M1Bf16) and weight block scales of at most 2 (UE8M0
-  // code 128; E4M3 shared weights: 2^7).
+  // The default: the same pipeline with exact BF16 operands. Weights decoded to BF16 times their
+  // block scale in registers, activations read as BF16 rows written once per block (role1's
+  // pull, the W1 epilogue: LayerParams::act_bf16), mma.sync m16n8k16 BF16 summing the whole K
+  // in FP32: no E4M3 operand conversions (sm_90 emulates E4M3 mma.sync on the FP16 tensor
+  // cores) and no per-K32 scale folding. 1.12-1.33x faster than `stream` and as accurate
+  // (docs/PERFORMANCE.md). Needs its own lane-word placement (TileFormat::kE2M1Bf16); block
+  // scales above its multipliers' range load shifted (StepHeader::scale_shift).
   kStreamBf16 = 3,
 };
 const char* GemmKernelName(GemmKernel kernel);

@@ -35,15 +35,15 @@ TEST(CudaBackendCreate, RanksOutsideOneHostAreRejected) {
   }
 }
 
-TEST(CudaBackendCreate, Role2KernelIsStreamUnlessGcmoeCudaGemmNamesAnother) {
+TEST(CudaBackendCreate, Role2KernelIsBf16UnlessGcmoeCudaGemmNamesAnother) {
   using kernels::GemmKernel;
   const auto chosen = [](const char* requested) {
     auto kernel = ChooseRole2Kernel(requested);
     EXPECT_TRUE(kernel.ok()) << kernel.status().ToString();
     return kernel.ok() ? *kernel : GemmKernel::kStreamWgmma;
   };
-  EXPECT_EQ(chosen(nullptr), GemmKernel::kStreamMma);
-  EXPECT_EQ(chosen(""), GemmKernel::kStreamMma);
+  EXPECT_EQ(chosen(nullptr), GemmKernel::kStreamBf16);
+  EXPECT_EQ(chosen(""), GemmKernel::kStreamBf16);
   EXPECT_EQ(chosen("stream"), GemmKernel::kStreamMma);
   EXPECT_EQ(chosen("mma"), GemmKernel::kMmaSync);
   EXPECT_EQ(chosen("wgmma"), GemmKernel::kStreamWgmma);
@@ -67,15 +67,24 @@ TEST(CudaBackendCreate, UnknownRole2KernelIsRejectedBeforeAnyDeviceWork) {
 // The sweep behind the choice (docs/PERFORMANCE.md, "Block size"): the block size measured
 // fastest at each mean of rows per expert, GLM-5.2 and DeepSeek-V4.1-Flash slices on an H200.
 TEST(CudaBackendBlockRows, MatchesTheMeasuredFastestBlockSize) {
-  const std::pair<double, int> fastest[] = {{2, 8}, {4, 8}, {8, 16}, {16, 16}, {32, 32}, {64, 64}};
-  for (const auto& [mean, bm] : fastest) EXPECT_EQ(BlockRowsForMeanRows(mean), bm) << mean;
-  EXPECT_EQ(BlockRowsForMeanRows(0.0), 8);
-  EXPECT_EQ(BlockRowsForMeanRows(1000.0), 64);
-  // Never smaller for more rows.
-  int last = 8;
-  for (double mean = 0; mean < 200; mean += 0.25) {
-    EXPECT_GE(BlockRowsForMeanRows(mean), last) << mean;
-    last = BlockRowsForMeanRows(mean);
+  using kernels::GemmKernel;
+  const std::pair<double, int> fp8[] = {{2, 8}, {4, 8}, {8, 16}, {16, 16}, {32, 32}, {64, 64}};
+  for (const auto& [mean, bm] : fp8) {
+    EXPECT_EQ(BlockRowsForMeanRows(GemmKernel::kStreamMma, mean), bm) << mean;
+  }
+  EXPECT_EQ(BlockRowsForMeanRows(GemmKernel::kStreamMma, 1000.0), 64);
+  const std::pair<double, int> bf16[] = {{2, 16}, {4, 16}, {8, 16}, {16, 32}, {32, 32}, {64, 32}};
+  for (const auto& [mean, bm] : bf16) {
+    EXPECT_EQ(BlockRowsForMeanRows(GemmKernel::kStreamBf16, mean), bm) << mean;
+  }
+  for (GemmKernel kernel : {GemmKernel::kStreamMma, GemmKernel::kStreamBf16}) {
+    EXPECT_EQ(BlockRowsForMeanRows(kernel, 0.0), 8);
+    // Never smaller for more rows.
+    int last = 8;
+    for (double mean = 0; mean < 200; mean += 0.25) {
+      EXPECT_GE(BlockRowsForMeanRows(kernel, mean), last) << mean;
+      last = BlockRowsForMeanRows(kernel, mean);
+    }
   }
 }
 
