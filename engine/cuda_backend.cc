@@ -723,7 +723,7 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
 
 void CudaBackend::LogRole2Trace(const kernels::StepHeader& header, uint64_t generation) const {
   std::vector<kernels::TaskTrace> trace;
-  if (const cudaError_t err = graph_->ReadRole2Trace(header, &trace); err != cudaSuccess) {
+  if (const cudaError_t err = graph_->ReadRole2Trace(header, last_bm_, &trace); err != cudaSuccess) {
     spdlog::warn("rank {}: step {}: reading the role2 trace: {}", options_.rank, generation,
                  cudaGetErrorString(err));
     return;

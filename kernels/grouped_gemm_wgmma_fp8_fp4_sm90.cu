@@ -78,6 +78,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
                          Barriers& bars) {
   constexpr bool kBf16 = kKernel == GemmKernel::kStreamBf16;
   constexpr int kActBytes = kBf16 ? 2 : 1;  // LayerParams::act_bf16
+  constexpr int kTiles = Role2TilesPerTask(kKernel, BM);
   const int lane = threadIdx.x & 31;
   const StepHeader& hdr = *p.header;
   const WaitEnv env = MakeWaitEnv(p, 2);
@@ -88,8 +89,11 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
   const int n1 = I / 32;
   const int n1s = Is / 32;
   const int n2 = H / kTileRows;
-  const Role2TaskSpace tasks(hdr.num_blocks, hdr.num_shared_blocks, n1, n1s, n2);
-  const int a_region = ARegionBytes(Is > 0);
+  // A task's tile index counts groups of kTiles adjacent tiles.
+  const Role2TaskSpace tasks(hdr.num_blocks, hdr.num_shared_blocks, n1 / kTiles, n1s / kTiles,
+                             n2 / kTiles);
+  const int a_tile_region = ARegionBytes(Is > 0);  // one tile's chunks in a stage
+  const int a_region = kTiles * a_tile_region;
   const uint64_t policy = EvictFirstPolicy();
   const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
 
@@ -122,8 +126,10 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
     const uint8_t* act = nullptr;
     const uint8_t* act_scales = nullptr;
     int chunk_bytes = 0;
+    int64_t tile_bytes = 0;
     if (task < tasks.total) {
-      const auto [kind, block, tile] = tasks.Decode(task);
+      const auto [kind, block, group] = tasks.Decode(task);
+      const int tile = group * kTiles;  // the first of the task's tiles
       const int slot = block % p.ring_blocks;
       const uint32_t* flag;
       uint32_t target;
@@ -199,8 +205,10 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
           t.claim_ns = claim_ns, t.ready_ns = GlobalTimerNs();
         }
         d.scale_mod = static_cast<int32_t>(reinterpret_cast<uintptr_t>(act_scales) & 15);
-        chunk_bytes = ChunkBytes(kind == kRoutedW1 || kind == kRoutedW2 ? TileFormat::kE2M1
-                                                                        : TileFormat::kE4M3);
+        const TileFormat format =
+            kind == kRoutedW1 || kind == kRoutedW2 ? TileFormat::kE2M1 : TileFormat::kE4M3;
+        chunk_bytes = ChunkBytes(format);
+        tile_bytes = TileBytes(format, d.k);  // a matrix's tiles lie back to back
       }
     }
     const int ds = desc_iter % kDescSlots;
@@ -224,10 +232,14 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
       const uint32_t full = SmemAddr(&bars.full[s]);
       const uint32_t st = SmemAddr(stage_base + static_cast<int64_t>(s) * stage_bytes);
       if (lane == 0) {
-        // The four stripes' chunk c are adjacent in the tile: one contiguous burst.
-        MbarArriveExpectTx(full, static_cast<uint32_t>(4 * chunk_bytes));
-        BulkCopyG2S(st, tile_ptr + static_cast<int64_t>(c) * 4 * chunk_bytes,
-                    static_cast<uint32_t>(4 * chunk_bytes), full, policy);
+        // The four stripes' chunk c are adjacent in the tile: one contiguous burst per tile.
+        MbarArriveExpectTx(full, static_cast<uint32_t>(kTiles * 4 * chunk_bytes));
+#pragma unroll
+        for (int s = 0; s < kTiles; ++s) {
+          BulkCopyG2S(st + s * a_tile_region,
+                      tile_ptr + s * tile_bytes + static_cast<int64_t>(c) * 4 * chunk_bytes,
+                      static_cast<uint32_t>(4 * chunk_bytes), full, policy);
+        }
       }
       const uint32_t b_st = st + a_region;
       if constexpr (kBf16) {
@@ -277,13 +289,15 @@ template <int BM, GemmKernel kKernel>
 __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int stages,
                           int stage_bytes, float* red, Barriers& bars) {
   constexpr int64_t kActBytes = kKernel == GemmKernel::kStreamBf16 ? 2 : 1;  // of h_q, hs_q
+  constexpr int kTiles = Role2TilesPerTask(kKernel, BM);
+  constexpr int kAcc = kTiles * BM / 2;  // per tile s: acc[s * BM / 2 ..]
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
   const int I = p.dims.intermediate;
   const int Is = p.dims.shared_intermediate;
-  const int a_region = ARegionBytes(Is > 0);
+  const int a_region = kTiles * ARegionBytes(Is > 0);  // B follows the task's tiles
   const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
   const WaitEnv env = MakeWaitEnv(p, 2);
   RingCursor ring;
@@ -296,9 +310,9 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
     if (d.kind < 0) break;
     const uint64_t start_ns = p.task_trace != nullptr ? GlobalTimerNs() : 0;
 
-    float acc[BM / 2];
+    float acc[kAcc];
 #pragma unroll
-    for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
     if (d.kind == kRoutedW1 || d.kind == kRoutedW2) {
       RunMainloop<BM, true, kKernel>(d, stage_base, stages, stage_bytes, a_region, bars,
                                      mbar_timeout, env, acc, ring, d.kind == kRoutedW2);
@@ -309,39 +323,48 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
     if (d.scale_shift != 0) {
       const float undo = FloatFromBits(static_cast<uint32_t>(127 + d.scale_shift) << 23);
 #pragma unroll
-      for (int i = 0; i < BM / 2; ++i) acc[i] *= undo;  // exact: a power of two
+      for (int i = 0; i < kAcc; ++i) acc[i] *= undo;  // exact: a power of two
     }
 
-    // The tile's results to shared memory: red[row 0..63][token].
-    const int row = warp * 16 + g;
+    // The tiles' results to shared memory: red[tile s row 0..63 at 64 s + row][token].
 #pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-      const int col = 8 * j + 2 * t;
-      red[row * RedPitch(BM) + col] = acc[4 * j + 0];
-      red[row * RedPitch(BM) + col + 1] = acc[4 * j + 1];
-      red[(row + 8) * RedPitch(BM) + col] = acc[4 * j + 2];
-      red[(row + 8) * RedPitch(BM) + col + 1] = acc[4 * j + 3];
+    for (int s = 0; s < kTiles; ++s) {
+      const int row = s * kTileRows + warp * 16 + g;
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j) {
+        const int col = 8 * j + 2 * t;
+        const float* a = &acc[s * BM / 2 + 4 * j];
+        red[row * RedPitch(BM) + col] = a[0];
+        red[row * RedPitch(BM) + col + 1] = a[1];
+        red[(row + 8) * RedPitch(BM) + col] = a[2];
+        red[(row + 8) * RedPitch(BM) + col + 1] = a[3];
+      }
     }
     NamedBarrier(kConsumerBarrierId, kConsumerThreads);  // red complete
-    auto red_at = [red](int r, int n) { return red[r * RedPitch(BM) + n]; };
     const int64_t first = static_cast<int64_t>(d.block) * BM;
-    switch (d.kind) {
-      case kSharedW1:
-        SwigluEpilogue<4, kKernel == GemmKernel::kStreamBf16>(
-            p, red_at, d.rows, d.tile, Is, nullptr, p.hs_q + first * Is * kActBytes,
-            p.hs_s + first * (Is / 32));
-        break;
-      case kRoutedW1:
-        SwigluEpilogue<4, kKernel == GemmKernel::kStreamBf16>(
-            p, red_at, d.rows, d.tile, I, p.meta + first, p.h_q + first * I * kActBytes,
-            p.h_s + first * (I / 32));
-        break;
-      case kSharedW2:
-        ScatterEpilogue<4>(p, red_at, d.rows, d.tile, nullptr, d.block * BM);
-        break;
-      default:
-        ScatterEpilogue<4>(p, red_at, d.rows, d.tile, p.meta + first, 0);
-        break;
+#pragma unroll
+    for (int s = 0; s < kTiles; ++s) {
+      const float* red_tile = red + s * kTileRows * RedPitch(BM);
+      auto red_at = [red_tile](int r, int n) { return red_tile[r * RedPitch(BM) + n]; };
+      const int tile = d.tile + s;
+      switch (d.kind) {
+        case kSharedW1:
+          SwigluEpilogue<4, kKernel == GemmKernel::kStreamBf16>(
+              p, red_at, d.rows, tile, Is, nullptr, p.hs_q + first * Is * kActBytes,
+              p.hs_s + first * (Is / 32));
+          break;
+        case kRoutedW1:
+          SwigluEpilogue<4, kKernel == GemmKernel::kStreamBf16>(
+              p, red_at, d.rows, tile, I, p.meta + first, p.h_q + first * I * kActBytes,
+              p.h_s + first * (I / 32));
+          break;
+        case kSharedW2:
+          ScatterEpilogue<4>(p, red_at, d.rows, tile, nullptr, d.block * BM);
+          break;
+        default:
+          ScatterEpilogue<4>(p, red_at, d.rows, tile, p.meta + first, 0);
+          break;
+      }
     }
     // Every consumer's stores of the task are issued and red may be overwritten. bar.sync is
     // CTA-scope synchronization and the release below is cumulative, so thread 0's release
@@ -354,11 +377,11 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
     if (threadIdx.x == 0) {
       if (d.kind == kRoutedW1) {
         __threadfence();
-        RedAddReleaseGpu(&p.w1_done[d.block], 1);
-        RedAddReleaseGpu(&p.ring_empty[d.block % p.ring_blocks], 1);
+        RedAddReleaseGpu(&p.w1_done[d.block], kTiles);
+        RedAddReleaseGpu(&p.ring_empty[d.block % p.ring_blocks], kTiles);
       } else if (d.kind == kSharedW1) {
         __threadfence();
-        RedAddReleaseGpu(&p.w1s_done[d.block], 1);
+        RedAddReleaseGpu(&p.w1s_done[d.block], kTiles);
       }
     }
   }
@@ -381,7 +404,8 @@ __global__ void __launch_bounds__(kStreamThreads) __maxnreg__(MaxRegisters(BM))
   const int stages = p.r2_stages;
   const int stage_bytes = StageBytes(kKernel, BM, p.dims.shared_intermediate > 0);
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(stages) * stage_bytes);
-  Barriers& bars = *reinterpret_cast<Barriers*>(reinterpret_cast<uint8_t*>(red) + RedBytes(BM));
+  Barriers& bars =
+      *reinterpret_cast<Barriers*>(reinterpret_cast<uint8_t*>(red) + RedBytes(kKernel, BM));
   if (threadIdx.x == 0) {
     if (p.smid_log != nullptr) p.smid_log[p.role1_grid + blockIdx.x] = SmId();
     for (int s = 0; s < stages; ++s) {

@@ -271,6 +271,7 @@ LayerParams LayerGraph::Params(int bm_index) const {
   p.role1_grid = role1_grid_;
   p.role2_grid = role2_grid(bm);
   p.r2_stages = role2_shape_[bm_index].stages;
+  p.r2_tiles_per_task = Role2TilesPerTask(options_.gemm, bm);
   p.act_bf16 = options_.gemm == GemmKernel::kStreamBf16 ? 1 : 0;
   p.header = header_;
   p.blocks = blocks_;
@@ -476,10 +477,11 @@ cudaError_t LayerGraph::ClearRole2Trace() {
                          pair_->compute_stream);
 }
 
-cudaError_t LayerGraph::ReadRole2Trace(const StepHeader& header,
+cudaError_t LayerGraph::ReadRole2Trace(const StepHeader& header, int bm,
                                        std::vector<TaskTrace>* trace) const {
   if (task_trace_ == nullptr) return cudaErrorInvalidValue;
-  const int64_t tasks = Role2TaskCount(options_.dims, header.num_blocks, header.num_shared_blocks);
+  const int64_t tasks = Role2TaskCount(options_.dims, header.num_blocks, header.num_shared_blocks,
+                                       Role2TilesPerTask(options_.gemm, bm));
   trace->resize(static_cast<size_t>(std::min<int64_t>(tasks, task_trace_cap_)));
   cudaError_t err = cudaStreamSynchronize(pair_->compute_stream);
   if (err != cudaSuccess) return err;

@@ -124,7 +124,7 @@ class LayerGraph {
   // read the records of the last replay of the step `header` describes (synchronous). Both
   // fail with cudaErrorInvalidValue without trace_role2.
   cudaError_t ClearRole2Trace();
-  cudaError_t ReadRole2Trace(const StepHeader& header, std::vector<TaskTrace>* trace) const;
+  cudaError_t ReadRole2Trace(const StepHeader& header, int bm, std::vector<TaskTrace>* trace) const;
 
  private:
   LayerGraph() = default;

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/host_device.h"
 #include "kernels/layer_types.h"
 
 namespace gcmoe::kernels {
@@ -45,6 +46,14 @@ enum class GemmKernel : int {
   kStreamBf16 = 3,
 };
 const char* GemmKernelName(GemmKernel kernel);
+
+// Weight tiles one role2 task covers: two adjacent tiles for the bf16 kernel at BM >= 32, where
+// each consumer warp's two 16-row stripes share every activation load and a stage's activations
+// feed 128 weight rows (at 32 and 64 tokens per block a 64-row tile's activations are 2-4x its
+// weight bytes); one otherwise (fewer, longer tasks would idle CTAs at small T).
+GCMOE_HOST_DEVICE constexpr int Role2TilesPerTask(GemmKernel kernel, int bm) {
+  return kernel == GemmKernel::kStreamBf16 && bm >= 32 ? 2 : 1;
+}
 
 // Launch shape of role2 for one block size.
 struct Role2Shape {

@@ -43,13 +43,15 @@ struct LayerDims {
 };
 
 // role2's tasks in a step (role2_tasks_sm90.cuh hands them out): per routed block its W1 tiles
-// (32 SwiGLU features each, I/32) and W2 tiles (H/64); per shared-expert block the same over I_s.
+// (32 SwiGLU features each, I/32) and W2 tiles (H/64); per shared-expert block the same over I_s;
+// `tiles_per_task` adjacent tiles each (LayerParams::r2_tiles_per_task; every count is even).
 GCMOE_HOST_DEVICE constexpr int64_t Role2TaskCount(const LayerDims& d, int64_t blocks,
-                                                   int64_t shared_blocks) {
+                                                   int64_t shared_blocks, int tiles_per_task = 1) {
   const int64_t w2_tiles = d.hidden / kTileRows;
   const int64_t shared = d.shared_intermediate > 0 ? shared_blocks : 0;
-  return blocks * (d.intermediate / 32 + w2_tiles) +
-         shared * (d.shared_intermediate / 32 + w2_tiles);
+  return (blocks * (d.intermediate / 32 + w2_tiles) +
+          shared * (d.shared_intermediate / 32 + w2_tiles)) /
+         tiles_per_task;
 }
 
 // One row of the receive index and of a ring block's metadata: which source token and slot a
@@ -241,6 +243,7 @@ struct LayerParams {
   int32_t role1_grid = 0;   // role1's CTAs (role2's SM log entries follow role1's)
   int32_t role2_grid = 0;   // role2's CTAs (role3 checks the task claims against it)
   int32_t r2_stages = 0;    // shared-memory stages of the streaming role2 (0: stepping stone)
+  int32_t r2_tiles_per_task = 1;  // Role2TilesPerTask of the graph's kernel and BM
   // 1 with the bf16 role2: ring, h_q and hs_q hold BF16 rows (2 bytes per value, each 32-value
   // block in block column order: bf16_operands.h), x_bf the shared expert's input; the scale
   // arrays of those three stay unused. x_q / x_s (what peers read) stay E4M3.

@@ -56,31 +56,6 @@ __device__ __forceinline__ void FoldScaled(float (&acc)[BM / 2], const float* ti
   }
 }
 
-// Waits until stage s is full, then loads this lane's weight words of its warp's stripe (warp w:
-// tile rows 16w..16w+15), kPayload / 512 pieces of 16 bytes, and the 8 scale bytes of its rows
-// g and g + 8. Returns the stage.
-template <TileFormat kFormat>
-__device__ __forceinline__ const uint8_t* WaitAndLoadWeights(
-    const uint8_t* stage_base, int stage_bytes, int s, uint32_t phase, Barriers& bars,
-    uint64_t mbar_timeout, const WaitEnv& env, uint32_t (&w)[ChunkPayloadBytes(kFormat) / 128],
-    uint2& scales) {
-  constexpr int kPayload = ChunkPayloadBytes(kFormat);
-  const int lane = threadIdx.x & 31;
-  MbarWait(SmemAddr(&bars.full[s]), phase, mbar_timeout, env, s);
-  const uint8_t* st = stage_base + static_cast<int64_t>(s) * stage_bytes;
-  const uint8_t* a_src = st + (threadIdx.x >> 5) * ChunkBytes(kFormat);
-#pragma unroll
-  for (int q = 0; q < kPayload / 512; ++q) {
-    const uint4 v = *reinterpret_cast<const uint4*>(a_src + q * 512 + lane * 16);
-    w[q * 4 + 0] = v.x;
-    w[q * 4 + 1] = v.y;
-    w[q * 4 + 2] = v.z;
-    w[q * 4 + 3] = v.w;
-  }
-  scales = *reinterpret_cast<const uint2*>(a_src + kPayload + (lane >> 2) * 8);
-  return st;
-}
-
 // The task's K loop: one chunk (K128 = four scale blocks) per stage.
 template <int BM, int N, bool kFp4, bool kWgmma>
 __device__ __forceinline__ void Mainloop(const TaskDesc& d, const uint8_t* stage_base, int stages,
@@ -104,7 +79,7 @@ __device__ __forceinline__ void Mainloop(const TaskDesc& d, const uint8_t* stage
 
   for (int c = 0; c < chunks; ++c, ring.Advance(stages)) {
     const int s = ring.stage;
-    // Inline, not WaitAndLoadWeights: with the call this kernel ran 1-2 % slower (measured).
+    // The stage's loads inline: a shared load helper cost this kernel 1-2 % (measured).
     MbarWait(SmemAddr(&bars.full[s]), ring.phase, mbar_timeout, env, s);
     const uint8_t* st = stage_base + static_cast<int64_t>(s) * stage_bytes;
     const uint8_t* a_src = st + warp * kChunk;  // warp w: stripe w (tile rows 16w..16w+15)
@@ -205,70 +180,98 @@ __device__ __forceinline__ void Mainloop(const TaskDesc& d, const uint8_t* stage
 // none of the FP8 tensor core's reduced-precision sums.
 //   A: the weights decoded to BF16 times 2^-126 by masks and rotations (kE2M1Bf16 lane words) and
 //      multiplied by their block scale times 2^126 (exact), per K32 block the registers of its two
-//      K16 steps (the lane word's low and high runs).
+//      K16 steps (the lane word's low and high runs). With kTiles = 2 (Role2TilesPerTask) the
+//      warp holds stripe w of both tiles of the task and every B load feeds both.
 //   B: the block's activations as exact BF16 rows written once per block (role1's pull, the W1
 //      epilogue), in block column order (bf16_operands.h): lane t's eight values of a 32-block
 //      are one 16-byte unit, the b0, b1 of both K16 steps, so one shared load per token group
 //      and K32 block. The stage holds [kb][token][t][16 bytes].
 // At N <= 16 the two K16 steps of a block accumulate into separate tiles (summed at the end): a
 // single chain of dependent mma.sync would bound a warp by the MMA latency.
-template <int BM, int N, bool kFp4>
+template <int BM, int N, bool kFp4, int kTiles>
 __device__ __forceinline__ void MainloopBf16(const TaskDesc& d, const uint8_t* stage_base,
                                              int stages, int stage_bytes, int a_region,
                                              Barriers& bars, uint64_t mbar_timeout,
-                                             const WaitEnv& env, float (&acc)[BM / 2],
+                                             const WaitEnv& env, float (&acc)[kTiles * BM / 2],
                                              RingCursor& ring) {
   constexpr TileFormat kFormat = kFp4 ? TileFormat::kE2M1Bf16 : TileFormat::kE4M3;
   constexpr uint32_t kBias = kFp4 ? kE2m1Bf16ScaleBias : kE4m3Bf16ScaleBias;
+  constexpr int kPayload = ChunkPayloadBytes(kFormat);
+  constexpr int kWords = kPayload / 128;
   constexpr bool kSplit = N <= 16;
+  constexpr int kHi = kSplit ? kTiles * N / 2 : 1;
+  const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int unit = (lane >> 2) * 64 + (lane & 3) * 16;  // token g's unit t of a block
+  const int a_tile_region = a_region / kTiles;
   const int chunks = d.k / kChunkK;
-  float acc_hi[kSplit ? N / 2 : 1];
+  float acc_hi[kHi];
 #pragma unroll
-  for (int i = 0; i < (kSplit ? N / 2 : 1); ++i) acc_hi[i] = 0.0f;
+  for (int i = 0; i < kHi; ++i) acc_hi[i] = 0.0f;
 
   for (int c = 0; c < chunks; ++c, ring.Advance(stages)) {
     const int s = ring.stage;
-    uint32_t w[ChunkPayloadBytes(kFormat) / 128];
-    uint2 sw;
-    const uint8_t* st = WaitAndLoadWeights<kFormat>(stage_base, stage_bytes, s, ring.phase, bars,
-                                                    mbar_timeout, env, w, sw);
+    MbarWait(SmemAddr(&bars.full[s]), ring.phase, mbar_timeout, env, s);
+    const uint8_t* st = stage_base + static_cast<int64_t>(s) * stage_bytes;
+    // This lane's words of stripe `warp` of each tile (weight_tiles_sm90.h), and its scales.
+    uint32_t w[kTiles][kWords];
+    uint2 sw[kTiles];
+#pragma unroll
+    for (int tile = 0; tile < kTiles; ++tile) {
+      const uint8_t* a_src = st + tile * a_tile_region + warp * ChunkBytes(kFormat);
+#pragma unroll
+      for (int q = 0; q < kPayload / 512; ++q) {
+        const uint4 v = *reinterpret_cast<const uint4*>(a_src + q * 512 + lane * 16);
+        w[tile][q * 4 + 0] = v.x;
+        w[tile][q * 4 + 1] = v.y;
+        w[tile][q * 4 + 2] = v.z;
+        w[tile][q * 4 + 3] = v.w;
+      }
+      sw[tile] = *reinterpret_cast<const uint2*>(a_src + kPayload + (lane >> 2) * 8);
+    }
     const uint8_t* b_st = st + a_region + unit;
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
-      const uint32_t sw_word = kb < 2 ? sw.x : sw.y;
-      const uint32_t f_g = ScaleBytePair(sw_word, (kb & 1) * 2, kBias);
-      const uint32_t f_g8 = ScaleBytePair(sw_word, (kb & 1) * 2 + 1, kBias);
-      // Registers of K16 step 2kb + h: rows g and g + 8 at columns 2t, 2t + 1 (a[h][0], a[h][1])
-      // and 2t + 8, 2t + 9 (a[h][2], a[h][3]).
-      uint32_t a[2][4];
-      if constexpr (kFp4) {
-        const Bf16Quad row_g = DecodeE2m1Bf16Word(w[kb * 2]);
-        const Bf16Quad row_g8 = DecodeE2m1Bf16Word(w[kb * 2 + 1]);
+      // Registers of K16 step 2kb + h: rows g and g + 8 at columns 2t, 2t + 1 (a[.][h][0],
+      // a[.][h][1]) and 2t + 8, 2t + 9 (a[.][h][2], a[.][h][3]).
+      uint32_t a[kTiles][2][4];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          a[h][0] = MulBf16x2(row_g.r[2 * h], f_g);
-          a[h][1] = MulBf16x2(row_g8.r[2 * h], f_g8);
-          a[h][2] = MulBf16x2(row_g.r[2 * h + 1], f_g);
-          a[h][3] = MulBf16x2(row_g8.r[2 * h + 1], f_g8);
-        }
-      } else {
-        // E4M3 words of the block: row g low run, row g high run, row g + 8 low, high.
+      for (int tile = 0; tile < kTiles; ++tile) {
+        const uint32_t sw_word = kb < 2 ? sw[tile].x : sw[tile].y;
+        const uint32_t f_g = ScaleBytePair(sw_word, (kb & 1) * 2, kBias);
+        const uint32_t f_g8 = ScaleBytePair(sw_word, (kb & 1) * 2 + 1, kBias);
+        if constexpr (kFp4) {
+          const Bf16Quad row_g = DecodeE2m1Bf16Word(w[tile][kb * 2]);
+          const Bf16Quad row_g8 = DecodeE2m1Bf16Word(w[tile][kb * 2 + 1]);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          a[h][0] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + h], 0), f_g);
-          a[h][1] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + 2 + h], 0), f_g8);
-          a[h][2] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + h], 1), f_g);
-          a[h][3] = MulBf16x2(E4m3PairToBf16(w[kb * 4 + 2 + h], 1), f_g8);
+          for (int h = 0; h < 2; ++h) {
+            a[tile][h][0] = MulBf16x2(row_g.r[2 * h], f_g);
+            a[tile][h][1] = MulBf16x2(row_g8.r[2 * h], f_g8);
+            a[tile][h][2] = MulBf16x2(row_g.r[2 * h + 1], f_g);
+            a[tile][h][3] = MulBf16x2(row_g8.r[2 * h + 1], f_g8);
+          }
+        } else {
+          // E4M3 words of the block: row g low run, row g high run, row g + 8 low, high.
+          const uint32_t* wk = &w[tile][kb * 4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            a[tile][h][0] = MulBf16x2(E4m3PairToBf16(wk[h], 0), f_g);
+            a[tile][h][1] = MulBf16x2(E4m3PairToBf16(wk[2 + h], 0), f_g8);
+            a[tile][h][2] = MulBf16x2(E4m3PairToBf16(wk[h], 1), f_g);
+            a[tile][h][3] = MulBf16x2(E4m3PairToBf16(wk[2 + h], 1), f_g8);
+          }
         }
       }
 #pragma unroll
       for (int j = 0; j < N / 8; ++j) {
         const uint4 b = *reinterpret_cast<const uint4*>(b_st + (kb * BM + 8 * j) * 64);
-        MmaBf16(a[0], b.x, b.y, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-        float* hi = kSplit ? &acc_hi[4 * j] : &acc[4 * j];
-        MmaBf16(a[1], b.z, b.w, hi[0], hi[1], hi[2], hi[3]);
+#pragma unroll
+        for (int tile = 0; tile < kTiles; ++tile) {
+          float* lo = &acc[tile * BM / 2 + 4 * j];
+          MmaBf16(a[tile][0], b.x, b.y, lo[0], lo[1], lo[2], lo[3]);
+          float* hi = kSplit ? &acc_hi[tile * N / 2 + 4 * j] : lo;
+          MmaBf16(a[tile][1], b.z, b.w, hi[0], hi[1], hi[2], hi[3]);
+        }
       }
     }
     FenceProxyAsyncShared();  // behind this thread's generic loads of the stage (the refill)
@@ -276,7 +279,10 @@ __device__ __forceinline__ void MainloopBf16(const TaskDesc& d, const uint8_t* s
   }
   if constexpr (kSplit) {
 #pragma unroll
-    for (int i = 0; i < N / 2; ++i) acc[i] += acc_hi[i];
+    for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) acc[tile * BM / 2 + i] += acc_hi[tile * N / 2 + i];
+    }
   }
 }
 
@@ -284,12 +290,13 @@ template <int BM, bool kFp4, GemmKernel kKernel>
 __device__ __forceinline__ void RunMainloop(const TaskDesc& d, const uint8_t* stage_base,
                                             int stages, int stage_bytes, int a_region,
                                             Barriers& bars, uint64_t mbar_timeout,
-                                            const WaitEnv& env, float (&acc)[BM / 2],
+                                            const WaitEnv& env,
+                                            float (&acc)[Role2TilesPerTask(kKernel, BM) * BM / 2],
                                             RingCursor& ring, bool w2) {
 #define GCMOE_MAINLOOP(N)                                                                       \
   if constexpr (kKernel == GemmKernel::kStreamBf16) {                                           \
-    MainloopBf16<BM, N, kFp4>(d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, \
-                              env, acc, ring);                                                  \
+    MainloopBf16<BM, N, kFp4, Role2TilesPerTask(kKernel, BM)>(                                  \
+        d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, env, acc, ring);      \
   } else if constexpr (kKernel == GemmKernel::kStreamMma && BM <= 32) {                         \
     /* W2 on FP8 wgmma (GemmKernel::kStreamMma). Not at BM 64: its spills (168 registers). */   \
     if (w2) {                                                                                   \

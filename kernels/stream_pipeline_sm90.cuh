@@ -38,19 +38,22 @@ inline constexpr int kLagStages = 2;
 __host__ __device__ constexpr int TargetCtasPerSm(int bm) {
   return bm <= 16 ? 4 : (bm == 32 ? 3 : 2);
 }
-// A stage: the tile's four stripe chunks (room for E4M3 when the layer has a shared expert),
-// then B [8 K16 units][bm rows][16 bytes], then the scale windows [bm rows][16 bytes]. The bf16
+// A stage: per weight tile of the task (Role2TilesPerTask) its four stripe chunks (room for E4M3
+// when the layer has a shared expert), then B [8 K16 units][bm rows][16 bytes], then the scale windows [bm rows][16 bytes]. The bf16
 // kernel's B is BF16 and needs no scales: [4 K32 blocks][bm rows][4 lane units][16 bytes]
 // (bf16_operands.h, block column order).
 __host__ __device__ constexpr int ARegionBytes(bool has_shared) {
   return 4 * ChunkBytes(has_shared ? TileFormat::kE4M3 : TileFormat::kE2M1);
 }
 __host__ __device__ constexpr int StageBytes(GemmKernel kernel, int bm, bool has_shared) {
-  return ARegionBytes(has_shared) +
+  return Role2TilesPerTask(kernel, bm) * ARegionBytes(has_shared) +
          (kernel == GemmKernel::kStreamBf16 ? bm * 2 * kChunkK : bm * kChunkK + bm * 16);
 }
+// The task's FP32 results, red[tile row 0 .. 64 x tiles - 1][token], padded against conflicts.
 __host__ __device__ constexpr int RedPitch(int bm) { return bm + 1; }
-__host__ __device__ constexpr int RedBytes(int bm) { return kTileRows * RedPitch(bm) * 4; }
+__host__ __device__ constexpr int RedBytes(GemmKernel kernel, int bm) {
+  return Role2TilesPerTask(kernel, bm) * kTileRows * RedPitch(bm) * 4;
+}
 
 struct TaskDesc {
   int32_t kind;  // TaskKind, or -1: no further task
@@ -84,7 +87,7 @@ struct RingCursor {
 
 __host__ __device__ constexpr size_t StreamSmemBytes(GemmKernel kernel, int bm, bool has_shared,
                                                      int stages) {
-  return static_cast<size_t>(stages) * StageBytes(kernel, bm, has_shared) + RedBytes(bm) +
+  return static_cast<size_t>(stages) * StageBytes(kernel, bm, has_shared) + RedBytes(kernel, bm) +
          sizeof(Barriers);
 }
 
