@@ -197,7 +197,8 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         if (hdr.scale_shift != nullptr) {
           const bool routed = kind == kRoutedW1 || kind == kRoutedW2;
           const bool w2 = kind == kRoutedW2 || kind == kSharedW2;
-          d.scale_shift = hdr.scale_shift[(routed ? blk.local_slot : p.dims.local_experts) * 2 + w2];
+          d.scale_shift =
+              hdr.scale_shift[(routed ? blk.local_slot : p.dims.local_experts) * 2 + w2];
         }
         if (p.task_trace != nullptr && lane == 0 && task < p.task_trace_cap) {
           TaskTrace& t = p.task_trace[task];

@@ -293,22 +293,22 @@ __device__ __forceinline__ void RunMainloop(const TaskDesc& d, const uint8_t* st
                                             const WaitEnv& env,
                                             float (&acc)[Role2TilesPerTask(kKernel, BM) * BM / 2],
                                             RingCursor& ring, bool w2) {
-#define GCMOE_MAINLOOP(N)                                                                       \
-  if constexpr (kKernel == GemmKernel::kStreamBf16) {                                           \
-    MainloopBf16<BM, N, kFp4, Role2TilesPerTask(kKernel, BM)>(                                  \
-        d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, env, acc, ring);      \
-  } else if constexpr (kKernel == GemmKernel::kStreamMma && BM <= 32) {                         \
-    /* W2 on FP8 wgmma (GemmKernel::kStreamMma). Not at BM 64: its spills (168 registers). */   \
-    if (w2) {                                                                                   \
-      Mainloop<BM, N, kFp4, true>(d, stage_base, stages, stage_bytes, a_region, bars,           \
-                                  mbar_timeout, env, acc, ring);                                \
-    } else {                                                                                    \
-      Mainloop<BM, N, kFp4, false>(d, stage_base, stages, stage_bytes, a_region, bars,          \
-                                   mbar_timeout, env, acc, ring);                               \
-    }                                                                                           \
-  } else {                                                                                      \
-    Mainloop<BM, N, kFp4, kKernel == GemmKernel::kStreamWgmma>(                                 \
-        d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, env, acc, ring);      \
+#define GCMOE_MAINLOOP(N)                                                                     \
+  if constexpr (kKernel == GemmKernel::kStreamBf16) {                                         \
+    MainloopBf16<BM, N, kFp4, Role2TilesPerTask(kKernel, BM)>(                                \
+        d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, env, acc, ring);    \
+  } else if constexpr (kKernel == GemmKernel::kStreamMma && BM <= 32) {                       \
+    /* W2 on FP8 wgmma (GemmKernel::kStreamMma). Not at BM 64: its spills (168 registers). */ \
+    if (w2) {                                                                                 \
+      Mainloop<BM, N, kFp4, true>(d, stage_base, stages, stage_bytes, a_region, bars,         \
+                                  mbar_timeout, env, acc, ring);                              \
+    } else {                                                                                  \
+      Mainloop<BM, N, kFp4, false>(d, stage_base, stages, stage_bytes, a_region, bars,        \
+                                   mbar_timeout, env, acc, ring);                             \
+    }                                                                                         \
+  } else {                                                                                    \
+    Mainloop<BM, N, kFp4, kKernel == GemmKernel::kStreamWgmma>(                               \
+        d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, env, acc, ring);    \
   }
   if (d.n <= 8) {
     GCMOE_MAINLOOP(8);
