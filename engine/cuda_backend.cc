@@ -295,12 +295,12 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
       if (bf16) {
         const std::string what =
             "expert " + std::to_string(experts[slot]) + " of layer " + std::to_string(l);
-        GCMOE_ASSIGN_OR_RETURN(shifts[2 * slot], ShiftBf16Scales(what + " W1",
-                                                                 kernels::kE2m1Bf16ScaleBias,
-                                                                 &w.w1_scales));
-        GCMOE_ASSIGN_OR_RETURN(shifts[2 * slot + 1], ShiftBf16Scales(what + " W2",
-                                                                     kernels::kE2m1Bf16ScaleBias,
-                                                                     &w.w2_scales));
+        GCMOE_ASSIGN_OR_RETURN(
+            shifts[2 * slot],
+            ShiftBf16Scales(what + " W1", kernels::kE2m1Bf16ScaleBias, &w.w1_scales));
+        GCMOE_ASSIGN_OR_RETURN(
+            shifts[2 * slot + 1],
+            ShiftBf16Scales(what + " W2", kernels::kE2m1Bf16ScaleBias, &w.w2_scales));
       }
       GCMOE_RETURN_IF_ERROR(UploadTiles(true, routed, w.w1, w.w1_scales, I, H,
                                         static_cast<uint8_t*>(lw.w1) + slot * w1_bytes, &staging));
@@ -311,12 +311,12 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
       GCMOE_ASSIGN_OR_RETURN(SharedExpertWeights w, source.LoadShared(l));
       if (bf16) {
         const std::string what = "the shared expert of layer " + std::to_string(l);
-        GCMOE_ASSIGN_OR_RETURN(shifts[2 * held_experts_],
-                               ShiftBf16Scales(what + " W1", kernels::kE4m3Bf16ScaleBias,
-                                               &w.w1_scales));
-        GCMOE_ASSIGN_OR_RETURN(shifts[2 * held_experts_ + 1],
-                               ShiftBf16Scales(what + " W2", kernels::kE4m3Bf16ScaleBias,
-                                               &w.w2_scales));
+        GCMOE_ASSIGN_OR_RETURN(
+            shifts[2 * held_experts_],
+            ShiftBf16Scales(what + " W1", kernels::kE4m3Bf16ScaleBias, &w.w1_scales));
+        GCMOE_ASSIGN_OR_RETURN(
+            shifts[2 * held_experts_ + 1],
+            ShiftBf16Scales(what + " W2", kernels::kE4m3Bf16ScaleBias, &w.w2_scales));
       }
       const int64_t s1 = kernels::GatedTilesBytes(TileFormat::kE4M3, Is, H);
       const int64_t s2 = kernels::PlainTilesBytes(TileFormat::kE4M3, H, Is);
@@ -338,9 +338,10 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
       const int shifted = static_cast<int>(
           std::count_if(shifts.begin(), shifts.end(), [](int32_t s) { return s != 0; }));
       if (shifted > 0) {
-        spdlog::info("cuda backend: layer {}: {} of {} matrices have block scales above the bf16 "
-                     "kernel's multiplier range, loaded shifted (exact)",
-                     l, shifted, shifts.size());
+        spdlog::info(
+            "cuda backend: layer {}: {} of {} matrices have block scales above the bf16 "
+            "kernel's multiplier range, loaded shifted (exact)",
+            l, shifted, shifts.size());
       }
     }
   }
@@ -723,7 +724,8 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
 
 void CudaBackend::LogRole2Trace(const kernels::StepHeader& header, uint64_t generation) const {
   std::vector<kernels::TaskTrace> trace;
-  if (const cudaError_t err = graph_->ReadRole2Trace(header, last_bm_, &trace); err != cudaSuccess) {
+  if (const cudaError_t err = graph_->ReadRole2Trace(header, last_bm_, &trace);
+      err != cudaSuccess) {
     spdlog::warn("rank {}: step {}: reading the role2 trace: {}", options_.rank, generation,
                  cudaGetErrorString(err));
     return;

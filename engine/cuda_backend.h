@@ -89,10 +89,10 @@ class CudaBackend final : public Backend {
 
  private:
   struct LayerWeights {
-    void* w1 = nullptr;   // [held][I/32 tiles] E2M1
-    void* w2 = nullptr;   // [held][H/64 tiles]
-    void* ws1 = nullptr;  // shared [I_s/32 tiles] E4M3
-    void* ws2 = nullptr;  // shared [H/64 tiles]
+    void* w1 = nullptr;              // [held][I/32 tiles] E2M1
+    void* w2 = nullptr;              // [held][H/64 tiles]
+    void* ws1 = nullptr;             // shared [I_s/32 tiles] E4M3
+    void* ws2 = nullptr;             // shared [H/64 tiles]
     int32_t* scale_shift = nullptr;  // the bf16 role2: kernels::StepHeader::scale_shift
   };
 

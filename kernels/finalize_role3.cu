@@ -96,9 +96,8 @@ __global__ void __launch_bounds__(kRoleThreads)
   // The replay's bookkeeping, before it is reset (role2 has finished: graph dependency).
   if (threadIdx.x == 0 && !StepAborted(env) && p.diag != nullptr) {
     const int n1 = p.dims.intermediate / 32;
-    const uint32_t tasks =
-        static_cast<uint32_t>(Role2TaskCount(p.dims, hdr.num_blocks, hdr.num_shared_blocks,
-                                             p.r2_tiles_per_task));
+    const uint32_t tasks = static_cast<uint32_t>(
+        Role2TaskCount(p.dims, hdr.num_blocks, hdr.num_shared_blocks, p.r2_tiles_per_task));
     const uint32_t claims = tasks + static_cast<uint32_t>(p.role2_grid);
     int broken = 0, index = 0;
     uint32_t expected = 0, seen = 0;

@@ -42,8 +42,9 @@ __device__ __forceinline__ void SwigluEpilogue(const LayerParams& p, RedAt red, 
     if constexpr (kBf16Out) {
       const uint32_t value =
           MulBf16x2(MulBf16x2(E4m3PairToBf16(e4m3, 0), kE4m3Bf16Undo), Bf16PowerPair(code));
-      reinterpret_cast<uint16_t*>(h_q)[static_cast<int64_t>(n) * inter + tile * 32 +
-                                       Bf16BlockColumn(lane)] = static_cast<uint16_t>(value);
+      reinterpret_cast<uint16_t*>(
+          h_q)[static_cast<int64_t>(n) * inter + tile * 32 + Bf16BlockColumn(lane)] =
+          static_cast<uint16_t>(value);
     } else {
       h_q[static_cast<int64_t>(n) * inter + tile * 32 + lane] = static_cast<uint8_t>(e4m3);
       if (lane == 0) {

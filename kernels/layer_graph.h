@@ -49,10 +49,10 @@ struct LayerGraphOptions {
   // ever spins on a kernel that has not run, which tools that serialize kernels need.
   bool sequential = false;
   uint64_t timeout_ns = 5'000'000'000ull;
-  bool record_sm_ids = false;                // role1/role2 CTAs log their SM (tests)
-  bool trace_role2 = false;                  // role2 records every task's timeline (TaskTrace)
+  bool record_sm_ids = false;                 // role1/role2 CTAs log their SM (tests)
+  bool trace_role2 = false;                   // role2 records every task's timeline (TaskTrace)
   GemmKernel gemm = GemmKernel::kStreamBf16;  // role2's kernel (layer_roles.h)
-  bool alltoall = false;                     // also allocate the all-to-all baseline's buffers
+  bool alltoall = false;                      // also allocate the all-to-all baseline's buffers
 };
 
 class LayerGraph {

@@ -235,14 +235,14 @@ struct TaskTrace {
 struct LayerParams {
   LayerDims dims;
   PeerTable peers;
-  int32_t bm = 8;           // rows per ring block (the graph's instantiation)
-  int32_t ring_blocks = 1;  // R ring slots; logical block b uses slot b % R, generation b / R
-  int32_t max_blocks = 0;   // logical blocks the per-block arrays hold
-  int32_t sequential = 0;   // 1: roles run one after the other (no spin can block)
-  uint64_t timeout_ns = 0;  // every device wait gives up (and traps) after this long
-  int32_t role1_grid = 0;   // role1's CTAs (role2's SM log entries follow role1's)
-  int32_t role2_grid = 0;   // role2's CTAs (role3 checks the task claims against it)
-  int32_t r2_stages = 0;    // shared-memory stages of the streaming role2 (0: stepping stone)
+  int32_t bm = 8;                 // rows per ring block (the graph's instantiation)
+  int32_t ring_blocks = 1;        // R ring slots; logical block b uses slot b % R, generation b / R
+  int32_t max_blocks = 0;         // logical blocks the per-block arrays hold
+  int32_t sequential = 0;         // 1: roles run one after the other (no spin can block)
+  uint64_t timeout_ns = 0;        // every device wait gives up (and traps) after this long
+  int32_t role1_grid = 0;         // role1's CTAs (role2's SM log entries follow role1's)
+  int32_t role2_grid = 0;         // role2's CTAs (role3 checks the task claims against it)
+  int32_t r2_stages = 0;          // shared-memory stages of the streaming role2 (0: stepping stone)
   int32_t r2_tiles_per_task = 1;  // Role2TilesPerTask of the graph's kernel and BM
   // 1 with the bf16 role2: ring, h_q and hs_q hold BF16 rows (2 bytes per value, each 32-value
   // block in block column order: bf16_operands.h), x_bf the shared expert's input; the scale

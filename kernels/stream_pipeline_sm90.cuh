@@ -39,9 +39,9 @@ __host__ __device__ constexpr int TargetCtasPerSm(int bm) {
   return bm <= 16 ? 4 : (bm == 32 ? 3 : 2);
 }
 // A stage: per weight tile of the task (Role2TilesPerTask) its four stripe chunks (room for E4M3
-// when the layer has a shared expert), then B [8 K16 units][bm rows][16 bytes], then the scale windows [bm rows][16 bytes]. The bf16
-// kernel's B is BF16 and needs no scales: [4 K32 blocks][bm rows][4 lane units][16 bytes]
-// (bf16_operands.h, block column order).
+// when the layer has a shared expert), then B [8 K16 units][bm rows][16 bytes], then the scale
+// windows [bm rows][16 bytes]. The bf16 kernel's B is BF16 and needs no scales: [4 K32 blocks][bm
+// rows][4 lane units][16 bytes] (bf16_operands.h, block column order).
 __host__ __device__ constexpr int ARegionBytes(bool has_shared) {
   return 4 * ChunkBytes(has_shared ? TileFormat::kE4M3 : TileFormat::kE2M1);
 }
@@ -59,11 +59,11 @@ struct TaskDesc {
   int32_t kind;  // TaskKind, or -1: no further task
   int32_t block;
   int32_t tile;
-  int32_t rows;       // valid tokens, 1..BM
-  int32_t n;          // MMA width (valid-M sizing)
-  int32_t k;          // contraction
-  int32_t scale_mod;  // the activation scales' address mod 16 (the windows are 16-aligned)
-  int32_t task;       // index in the task space (the trace's slot)
+  int32_t rows;         // valid tokens, 1..BM
+  int32_t n;            // MMA width (valid-M sizing)
+  int32_t k;            // contraction
+  int32_t scale_mod;    // the activation scales' address mod 16 (the windows are 16-aligned)
+  int32_t task;         // index in the task space (the trace's slot)
   int32_t scale_shift;  // the bf16 kernel: results times 2^scale_shift (StepHeader::scale_shift)
 };
 

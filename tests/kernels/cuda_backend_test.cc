@@ -266,8 +266,8 @@ TEST_F(CudaBackendTest, Bf16KernelShiftsLargeBlockScalesExactly) {
         for (Routing routing : {Routing::kUniform, Routing::kAllOnOneExpert}) {
           const StepInputs in = MakeInputs(spec, tokens, DType::kBF16, routing, &rng);
           ExpectMatch(pair.get(), in, ++generation_,
-                      "shared " + std::to_string(shared) + " high " + std::to_string(high) +
-                          " T " + std::to_string(tokens));
+                      "shared " + std::to_string(shared) + " high " + std::to_string(high) + " T " +
+                          std::to_string(tokens));
         }
       }
     }
