@@ -47,10 +47,13 @@ __global__ void __launch_bounds__(kRoleThreads)
   const int world = p.dims.world_size;
   const uint32_t parity = p.sig->parity;  // set by the previous replay's role3
 
-  // A. Quantize, one warp per token row.
-  for (int row = blockIdx.x * kWarps + warp; row < T; row += gridDim.x * kWarps) {
-    QuantizeRowWarp(p.hidden_in, p.hidden_scales_in, hdr.in_dtype, H, row, lane, p.x_q, p.x_s,
-                    p.x_bf);
+  // A. Quantize, one thread per 32-value block of the grid's (row, block) items: at decode
+  // sizes a warp per row would serialize a row's loads (the step's first latency).
+  const int row_blocks = H / 32;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < T * row_blocks;
+       i += gridDim.x * blockDim.x) {
+    QuantizeBlock(p.hidden_in, p.hidden_scales_in, hdr.in_dtype, H, i / row_blocks, i % row_blocks,
+                  p.x_q, p.x_s, p.x_bf);
   }
   // A. Route: receive entries at the computing rank.
   const int assignments = T * k;
@@ -112,34 +115,49 @@ __global__ void __launch_bounds__(kRoleThreads)
     __syncthreads();
     if (!s_pull_go) return;
     const RingBlock blk = p.blocks[b];
-    for (int r = warp; r < blk.rows; r += kWarps) {
-      const uint4 raw = LdCg128(&p.recv[blk.row_begin + r]);
-      const int token = static_cast<int>(raw.x);
-      const int src = static_cast<int>(raw.z);
-      // Another GPU's activations: fetched afresh (ld.cv), never from a line this GPU cached
-      // in an earlier replay.
-      const bool remote = src != p.dims.rank;
-      const uint8_t* src_row = p.peers.x_q[src] + static_cast<int64_t>(token) * H;
-      const uint8_t* src_scales = p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes;
-      const int64_t ring_row = static_cast<int64_t>(slot) * p.bm + r;
-      if (p.act_bf16) {
-        WarpRowToBf16(src_row, src_scales, H, lane, remote,
-                      reinterpret_cast<uint16_t*>(p.ring) + ring_row * H);
-        if (lane == 0) *reinterpret_cast<uint4*>(&p.meta[static_cast<int64_t>(b) * p.bm + r]) = raw;
-        continue;
+    if (p.act_bf16) {
+      // The bf16 role2's BF16 rows: one thread per (row, 32-value block), so a block of one or
+      // two rows is converted by the whole CTA at once.
+      for (int i = threadIdx.x; i < blk.rows * scale_bytes; i += blockDim.x) {
+        const int r = i / scale_bytes;
+        const uint4 raw = LdCg128(&p.recv[blk.row_begin + r]);
+        const int token = static_cast<int>(raw.x);
+        const int src = static_cast<int>(raw.z);
+        // Another GPU's activations: fetched afresh (ld.cv), never from a line this GPU cached
+        // in an earlier replay.
+        E4m3BlockToBf16Row(
+            p.peers.x_q[src] + static_cast<int64_t>(token) * H,
+            p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes, i % scale_bytes,
+            src != p.dims.rank,
+            reinterpret_cast<uint16_t*>(p.ring) + (static_cast<int64_t>(slot) * p.bm + r) * H);
+        if (i % scale_bytes == 0) {
+          *reinterpret_cast<uint4*>(&p.meta[static_cast<int64_t>(b) * p.bm + r]) = raw;
+        }
       }
-      uint8_t* dst_row = p.ring + ring_row * H;
-      uint8_t* dst_scales = p.ring_scales + ring_row * scale_bytes;
+    } else {
+      for (int r = warp; r < blk.rows; r += kWarps) {
+        const uint4 raw = LdCg128(&p.recv[blk.row_begin + r]);
+        const int token = static_cast<int>(raw.x);
+        const int src = static_cast<int>(raw.z);
+        // Another GPU's activations: fetched afresh (ld.cv), never from a line this GPU cached
+        // in an earlier replay.
+        const bool remote = src != p.dims.rank;
+        const uint8_t* src_row = p.peers.x_q[src] + static_cast<int64_t>(token) * H;
+        const uint8_t* src_scales = p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes;
+        const int64_t ring_row = static_cast<int64_t>(slot) * p.bm + r;
+        uint8_t* dst_row = p.ring + ring_row * H;
+        uint8_t* dst_scales = p.ring_scales + ring_row * scale_bytes;
 #pragma unroll 4
-      for (int o = lane * 16; o < H; o += 32 * 16) {
-        *reinterpret_cast<uint4*>(dst_row + o) =
-            remote ? LdCv128(src_row + o) : LdCg128(src_row + o);
+        for (int o = lane * 16; o < H; o += 32 * 16) {
+          *reinterpret_cast<uint4*>(dst_row + o) =
+              remote ? LdCv128(src_row + o) : LdCg128(src_row + o);
+        }
+        for (int o = lane * 4; o < scale_bytes; o += 32 * 4) {
+          *reinterpret_cast<uint32_t*>(dst_scales + o) =
+              remote ? LdCv32(src_scales + o) : LdCg32(src_scales + o);
+        }
+        if (lane == 0) *reinterpret_cast<uint4*>(&p.meta[static_cast<int64_t>(b) * p.bm + r]) = raw;
       }
-      for (int o = lane * 4; o < scale_bytes; o += 32 * 4) {
-        *reinterpret_cast<uint32_t*>(dst_scales + o) =
-            remote ? LdCv32(src_scales + o) : LdCg32(src_scales + o);
-      }
-      if (lane == 0) *reinterpret_cast<uint4*>(&p.meta[static_cast<int64_t>(b) * p.bm + r]) = raw;
     }
     __syncthreads();
     if (threadIdx.x == 0) {

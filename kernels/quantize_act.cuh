@@ -1,6 +1,7 @@
 // Activation quantization on the device (DESIGN.md §4 step 1): one request row, BF16 / FP32 /
 // FP16, to E4M3 with one UE8M0 scale per 32 values, bit for bit numerics::QuantizeE4M3K32.
-// An FP8 request row (codes + scales) is copied as it is. Run by role1, one warp per row.
+// An FP8 request row (codes + scales) is copied as it is. Run by role1, one thread per 32-value
+// block (QuantizeBlock), and by the all-to-all baseline, one warp per row (QuantizeRowWarp).
 // For the bf16 role2 the same values also as its BF16 rows (bf16_operands.h).
 #pragma once
 
@@ -20,97 +21,111 @@ __device__ __forceinline__ void StoreBf16Block(const uint32_t (&codes)[8], uint3
   E4m3BlockToBf16(codes, scale_code, out);
   uint4* d = reinterpret_cast<uint4*>(dst);
 #pragma unroll
-  for (int u = 0; u < 4; ++u) d[u] = make_uint4(out[4 * u], out[4 * u + 1], out[4 * u + 2], out[4 * u + 3]);
+  for (int u = 0; u < 4; ++u)
+    d[u] = make_uint4(out[4 * u], out[4 * u + 1], out[4 * u + 2], out[4 * u + 3]);
 }
 
-// The bf16 role2's BF16 row of an E4M3 row (codes, scales): lane per 32-value block. `fresh`:
-// another GPU's row, read afresh (ld.cv), never from a line this GPU cached earlier.
+// Block b (32 values) of an E4M3 row (codes, scales) as the bf16 role2's BF16 values, one thread.
+// `fresh`: another GPU's row, read afresh (ld.cv), never from a line this GPU cached earlier.
+__device__ __forceinline__ void E4m3BlockToBf16Row(const uint8_t* codes, const uint8_t* scales,
+                                                   int b, bool fresh, uint16_t* dst) {
+  const uint8_t* src = codes + b * 32;
+  const uint4 lo = fresh ? LdCv128(src) : LdCg128(src);
+  const uint4 hi = fresh ? LdCv128(src + 16) : LdCg128(src + 16);
+  const uint32_t* word = reinterpret_cast<const uint32_t*>(scales + (b / 4) * 4);
+  const uint32_t scale_word = fresh ? LdCv32(word) : LdCg32(word);
+  const uint32_t block[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  StoreBf16Block(block, (scale_word >> (8 * (b % 4))) & 0xFFu, dst + b * 32);
+}
+
+// The bf16 role2's BF16 row of an E4M3 row: lane per 32-value block.
 __device__ __forceinline__ void WarpRowToBf16(const uint8_t* codes, const uint8_t* scales,
                                               int hidden_size, int lane, bool fresh,
                                               uint16_t* dst) {
-  for (int b = lane; b < hidden_size / 32; b += 32) {
-    const uint8_t* src = codes + b * 32;
-    const uint4 lo = fresh ? LdCv128(src) : LdCg128(src);
-    const uint4 hi = fresh ? LdCv128(src + 16) : LdCg128(src + 16);
-    const uint32_t* word = reinterpret_cast<const uint32_t*>(scales + (b / 4) * 4);
-    const uint32_t scale_word = fresh ? LdCv32(word) : LdCg32(word);
-    const uint32_t block[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    StoreBf16Block(block, (scale_word >> (8 * (b % 4))) & 0xFFu, dst + b * 32);
-  }
+#pragma unroll 2
+  for (int b = lane; b < hidden_size / 32; b += 32)
+    E4m3BlockToBf16Row(codes, scales, b, fresh, dst);
 }
 
-// Lane `lane` converts blocks lane, lane + 32, ... of row `row`: 32 values in, 32 codes and
-// one scale out (and, with x_bf, the block's BF16 values).
-__device__ __forceinline__ void QuantizeRowWarp(const void* hidden, const uint8_t* hidden_scales,
-                                                int in_dtype, int hidden_size, int row, int lane,
-                                                uint8_t* x_q, uint8_t* x_s,
-                                                uint16_t* x_bf = nullptr) {
+// Block b (32 values) of request row `row`, one thread: 32 values in, 32 E4M3 codes and one
+// scale out (and, with x_bf, the block's BF16 values); an FP8 request block is copied as it is.
+__device__ __forceinline__ void QuantizeBlock(const void* hidden, const uint8_t* hidden_scales,
+                                              int in_dtype, int hidden_size, int row, int b,
+                                              uint8_t* x_q, uint8_t* x_s, uint16_t* x_bf) {
   const int blocks = hidden_size / 32;
   const int64_t row_offset = static_cast<int64_t>(row) * hidden_size;
   uint8_t* q_row = x_q + row_offset;
   uint8_t* s_row = x_s + static_cast<int64_t>(row) * blocks;
   if (in_dtype == kInFP8) {
-    const uint8_t* src = static_cast<const uint8_t*>(hidden) + row_offset;
-    for (int o = lane * 16; o < hidden_size; o += 32 * 16) {
-      *reinterpret_cast<uint4*>(q_row + o) = *reinterpret_cast<const uint4*>(src + o);
-    }
-    for (int b = lane; b < blocks; b += 32)
-      s_row[b] = hidden_scales[static_cast<int64_t>(row) * blocks + b];
+    const uint8_t* src = static_cast<const uint8_t*>(hidden) + row_offset + b * 32;
+    uint4* dst = reinterpret_cast<uint4*>(q_row + b * 32);
+    dst[0] = reinterpret_cast<const uint4*>(src)[0];
+    dst[1] = reinterpret_cast<const uint4*>(src)[1];
+    s_row[b] = hidden_scales[static_cast<int64_t>(row) * blocks + b];
     if (x_bf != nullptr) {
-      WarpRowToBf16(src, hidden_scales + static_cast<int64_t>(row) * blocks, hidden_size, lane,
-                    false, x_bf + row_offset);
+      E4m3BlockToBf16Row(static_cast<const uint8_t*>(hidden) + row_offset,
+                         hidden_scales + static_cast<int64_t>(row) * blocks, b, false,
+                         x_bf + row_offset);
     }
     return;
   }
-  for (int b = lane; b < blocks; b += 32) {
-    float v[32];
-    if (in_dtype == kInFP32) {
-      const float4* src =
-          reinterpret_cast<const float4*>(static_cast<const float*>(hidden) + row_offset + b * 32);
+  float v[32];
+  if (in_dtype == kInFP32) {
+    const float4* src =
+        reinterpret_cast<const float4*>(static_cast<const float*>(hidden) + row_offset + b * 32);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float4 f = src[i];
-        v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
-      }
-    } else {
-      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(hidden) +
-                                                        row_offset + b * 32);
+    for (int i = 0; i < 8; ++i) {
+      const float4 f = src[i];
+      v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
+    }
+  } else {
+    const uint4* src =
+        reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(hidden) + row_offset + b * 32);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint4 u = src[i];
-        const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+    for (int i = 0; i < 4; ++i) {
+      const uint4 u = src[i];
+      const uint32_t words[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t lo = words[j] & 0xFFFFu;
-          const uint32_t hi = words[j] >> 16;
-          if (in_dtype == kInBF16) {
-            v[8 * i + 2 * j] = Bf16ToFloat(lo);
-            v[8 * i + 2 * j + 1] = Bf16ToFloat(hi);
-          } else {
-            v[8 * i + 2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(lo)));
-            v[8 * i + 2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(hi)));
-          }
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t lo = words[j] & 0xFFFFu;
+        const uint32_t hi = words[j] >> 16;
+        if (in_dtype == kInBF16) {
+          v[8 * i + 2 * j] = Bf16ToFloat(lo);
+          v[8 * i + 2 * j + 1] = Bf16ToFloat(hi);
+        } else {
+          v[8 * i + 2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(lo)));
+          v[8 * i + 2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(hi)));
         }
       }
     }
-    float amax = 0.0f;
+  }
+  float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
-    const uint32_t code = BlockScaleCode(amax, 448.0f);
-    const float inverse = InverseScale(code);
-    uint32_t packed[8];
+  for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  const uint32_t code = BlockScaleCode(amax, 448.0f);
+  const float inverse = InverseScale(code);
+  uint32_t packed[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      packed[i] = EncodeE4m3(__fmul_rn(v[4 * i], inverse)) |
-                  (EncodeE4m3(__fmul_rn(v[4 * i + 1], inverse)) << 8) |
-                  (EncodeE4m3(__fmul_rn(v[4 * i + 2], inverse)) << 16) |
-                  (EncodeE4m3(__fmul_rn(v[4 * i + 3], inverse)) << 24);
-    }
-    uint4* dst = reinterpret_cast<uint4*>(q_row + b * 32);
-    dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-    s_row[b] = static_cast<uint8_t>(code);
-    if (x_bf != nullptr) StoreBf16Block(packed, code, x_bf + row_offset + b * 32);
+  for (int i = 0; i < 8; ++i) {
+    packed[i] = EncodeE4m3(__fmul_rn(v[4 * i], inverse)) |
+                (EncodeE4m3(__fmul_rn(v[4 * i + 1], inverse)) << 8) |
+                (EncodeE4m3(__fmul_rn(v[4 * i + 2], inverse)) << 16) |
+                (EncodeE4m3(__fmul_rn(v[4 * i + 3], inverse)) << 24);
+  }
+  uint4* dst = reinterpret_cast<uint4*>(q_row + b * 32);
+  dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+  s_row[b] = static_cast<uint8_t>(code);
+  if (x_bf != nullptr) StoreBf16Block(packed, code, x_bf + row_offset + b * 32);
+}
+
+// Lane `lane` converts blocks lane, lane + 32, ... of row `row` (QuantizeBlock).
+__device__ __forceinline__ void QuantizeRowWarp(const void* hidden, const uint8_t* hidden_scales,
+                                                int in_dtype, int hidden_size, int row, int lane,
+                                                uint8_t* x_q, uint8_t* x_s,
+                                                uint16_t* x_bf = nullptr) {
+  for (int b = lane; b < hidden_size / 32; b += 32) {
+    QuantizeBlock(hidden, hidden_scales, in_dtype, hidden_size, row, b, x_q, x_s, x_bf);
   }
 }
 
