@@ -236,9 +236,9 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         // The four stripes' chunk c are adjacent in the tile: one contiguous burst per tile.
         MbarArriveExpectTx(full, static_cast<uint32_t>(kTiles * 4 * chunk_bytes));
 #pragma unroll
-        for (int s = 0; s < kTiles; ++s) {
-          BulkCopyG2S(st + s * a_tile_region,
-                      tile_ptr + s * tile_bytes + static_cast<int64_t>(c) * 4 * chunk_bytes,
+        for (int tile = 0; tile < kTiles; ++tile) {
+          BulkCopyG2S(st + tile * a_tile_region,
+                      tile_ptr + tile * tile_bytes + static_cast<int64_t>(c) * 4 * chunk_bytes,
                       static_cast<uint32_t>(4 * chunk_bytes), full, policy);
         }
       }
