@@ -13,7 +13,8 @@
 //     (one contiguous burst, evict-first in L2) completing on the stage's `full` barrier, and
 //     the block's activations (E4M3, n rows x 128) plus the 16-byte window of each row's UE8M0
 //     scales through cp.async (L2 only), released on the same barrier kLagStages stages later
-//     (the bf16 kernel: BF16 rows, 256 bytes per valid row, no scales).
+//     (the bf16 kernel: BF16 rows, 256 bytes per valid row, no scales, and each lane's
+//     cp.async arrival completes on the barrier by itself when its copies land).
 //     The ring spans task boundaries, so the next task's weights stream during this epilogue.
 //   consumers: per stage, two 16-byte shared loads per lane (E2M1) give the A fragments of the
 //     four K32 scale blocks; FP4 is decoded to E4M3 (times 2^-6) in registers by masks and one
@@ -102,6 +103,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
   // this lane's cp.async not yet released: cp.async writes shared memory through the generic
   // proxy and wgmma reads it through the async proxy, so the writing thread waits for its
   // copies, executes fence.proxy.async, and only then arrives on the stage's full barrier.
+  // The bf16 kernel has none pending: its consumers read B with generic loads.
   RingCursor release;
   int pending = 0;
   auto release_oldest = [&]() {
@@ -272,12 +274,19 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
                       reinterpret_cast<const void*>(a & ~static_cast<uintptr_t>(15)));
         }
       }
-      asm volatile("cp.async.commit_group;" ::: "memory");
       fill.Advance(stages);
-      if (++pending > kLagStages) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(kLagStages) : "memory");
-        FenceProxyAsyncShared();
-        release_oldest();
+      if constexpr (kBf16) {
+        // The consumers read B with generic loads (mma.sync), so no proxy fence is due: each
+        // lane's arrival completes when its copies land, and the stage is full without waiting
+        // for the producer to come back to it.
+        CpAsyncMbarArrive(full);
+      } else {
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        if (++pending > kLagStages) {
+          asm volatile("cp.async.wait_group %0;" ::"n"(kLagStages) : "memory");
+          FenceProxyAsyncShared();
+          release_oldest();
+        }
       }
     }
   }

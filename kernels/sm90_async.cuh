@@ -94,6 +94,13 @@ __device__ __forceinline__ void CpAsyncCg16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
 
+// Arrives on `bar` once every cp.async this thread issued before has landed. The arrival is one
+// of the barrier's expected arrivals (.noinc), and a thread observing the completed phase sees
+// the copied bytes. With no copy in flight it arrives at once.
+__device__ __forceinline__ void CpAsyncMbarArrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
 // Orders this thread's view of shared memory written through the generic proxy (cp.async,
 // ordinary stores) before its later async-proxy accesses (wgmma reading B).
 __device__ __forceinline__ void FenceProxyAsyncShared() {

@@ -8,7 +8,9 @@
 //            fence.proxy.async (B is written through the generic proxy, read by wgmma through
 //            the async proxy). At most kLagStages stages wait for that release, and
 //            kLagStages < stages, so the producer's empty wait never waits on itself; before
-//            any other blocking wait it releases everything.
+//            any other blocking wait it releases everything. The bf16 kernel (mma.sync reads B
+//            with generic loads, no proxy fence due) has no lag: each lane's arrival is a
+//            cp.async.mbarrier.arrive issued behind its copies, completing when they land.
 //   empty[s] count 128: every consumer thread, after the MMAs reading the stage completed
 //            (wgmma: wait_group 0) and a proxy fence behind its own shared loads (the refill's bulk
 //            copy writes through the async proxy); the producer waits on it before refilling.
