@@ -296,8 +296,8 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
 // ---- consumers --------------------------------------------------------------------------------
 
 template <int BM, GemmKernel kKernel>
-__device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int stages,
-                          int stage_bytes, float* red, Barriers& bars) {
+__device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
+                          float* red_buffer, Barriers& bars) {
   constexpr int64_t kActBytes = kKernel == GemmKernel::kStreamBf16 ? 2 : 1;  // of h_q, hs_q
   constexpr int kTiles = Role2TilesPerTask(kKernel, BM);
   constexpr int kAcc = kTiles * BM / 2;  // per tile s: acc[s * BM / 2 ..]
@@ -308,6 +308,7 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
   const int I = p.dims.intermediate;
   const int Is = p.dims.shared_intermediate;
   const int a_region = kTiles * ARegionBytes(Is > 0);  // B follows the task's tiles
+  const bool red_in_stage = RedInStage(kKernel, BM, Is > 0);
   const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
   const WaitEnv env = MakeWaitEnv(p, 2);
   RingCursor ring;
@@ -325,11 +326,20 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
     if (d.kind == kRoutedW1 || d.kind == kRoutedW2) {
       RunMainloop<BM, true, kKernel>(d, stage_base, stages, stage_bytes, a_region, bars,
-                                     mbar_timeout, env, acc, ring, d.kind == kRoutedW2);
+                                     mbar_timeout, env, acc, ring, d.kind == kRoutedW2,
+                                     red_in_stage);
     } else {
       RunMainloop<BM, false, kKernel>(d, stage_base, stages, stage_bytes, a_region, bars,
-                                      mbar_timeout, env, acc, ring, d.kind == kSharedW2);
+                                      mbar_timeout, env, acc, ring, d.kind == kSharedW2,
+                                      red_in_stage);
     }
+    // RedInStage: the results go over the task's last stage, once every consumer is done with it.
+    const int held = ring.stage == 0 ? stages - 1 : ring.stage - 1;
+    float* red =
+        red_in_stage
+            ? reinterpret_cast<float*>(stage_base + static_cast<int64_t>(held) * stage_bytes)
+            : red_buffer;
+    if (red_in_stage) NamedBarrier(kConsumerBarrierId, kConsumerThreads);
     if (d.scale_shift != 0) {
       const float undo = FloatFromBits(static_cast<uint32_t>(127 + d.scale_shift) << 23);
 #pragma unroll
@@ -380,6 +390,10 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
     // CTA-scope synchronization and the release below is cumulative, so thread 0's release
     // covers the other consumers' W1 outputs.
     NamedBarrier(kConsumerBarrierId, kConsumerThreads);
+    if (red_in_stage) {
+      FenceProxyAsyncShared();  // behind this thread's accesses of the stage (the refill)
+      MbarArrive(SmemAddr(&bars.empty[held]));
+    }
     if (threadIdx.x == 0 && p.task_trace != nullptr && d.task < p.task_trace_cap) {
       p.task_trace[d.task].start_ns = start_ns;
       p.task_trace[d.task].done_ns = GlobalTimerNs();
@@ -404,18 +418,21 @@ __device__ void Consumers(const LayerParams& p, const uint8_t* stage_base, int s
 // 5 warps spread over them, so TargetCtasPerSm CTAs fit only at <= 96 (4 CTAs), 128 (3) or
 // 168 (2) registers. Given as __maxnreg__: the launch-bounds form derives the same caps but
 // its code for BM 8 ran 7% slower at 8-16 tokens per rank (measured, H200, 2026-11-29).
-__host__ __device__ constexpr int MaxRegisters(int bm) {
-  return 65536 / 4 / ((TargetCtasPerSm(bm) * (kStreamThreads / 32) + 3) / 4) / 32 / 8 * 8;
+__host__ __device__ constexpr int MaxRegisters(GemmKernel kernel, int bm) {
+  return 65536 / 4 / ((TargetCtasPerSm(kernel, bm) * (kStreamThreads / 32) + 3) / 4) / 32 / 8 * 8;
 }
 template <int BM, GemmKernel kKernel>
-__global__ void __launch_bounds__(kStreamThreads) __maxnreg__(MaxRegisters(BM))
+__global__ void __launch_bounds__(kStreamThreads) __maxnreg__(MaxRegisters(kKernel, BM))
     GroupedGemmStreamKernel(const __grid_constant__ LayerParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int stages = p.r2_stages;
   const int stage_bytes = StageBytes(kKernel, BM, p.dims.shared_intermediate > 0);
+  const bool has_shared = p.dims.shared_intermediate > 0;
+  // The results buffer after the stages, unless the results go over a stage (RedInStage).
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(stages) * stage_bytes);
-  Barriers& bars =
-      *reinterpret_cast<Barriers*>(reinterpret_cast<uint8_t*>(red) + RedBytes(kKernel, BM));
+  Barriers& bars = *reinterpret_cast<Barriers*>(
+      reinterpret_cast<uint8_t*>(red) +
+      (RedInStage(kKernel, BM, has_shared) ? 0 : RedBytes(kKernel, BM)));
   if (threadIdx.x == 0) {
     if (p.smid_log != nullptr) p.smid_log[p.role1_grid + blockIdx.x] = SmId();
     for (int s = 0; s < stages; ++s) {
@@ -475,10 +492,6 @@ StreamKernel KernelFor(GemmKernel kernel, int bm) {
   }
 }
 
-// Per-SM shared memory of sm_90 and what the runtime reserves per resident CTA.
-constexpr size_t kSmemPerSm = 232448;
-constexpr size_t kSmemReservedPerCta = 1024;
-
 }  // namespace
 
 cudaError_t LoadStreamGemmKernels() {
@@ -507,11 +520,9 @@ cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel which, int bm, Rol
   const StreamKernel kernel = KernelFor(which, bm);
   if (kernel == nullptr) return cudaErrorInvalidValue;
   const bool has_shared = dims.shared_intermediate > 0;
-  // As many stages as fit the shared memory of TargetCtasPerSm(bm) resident CTAs.
-  const size_t budget = kSmemPerSm / TargetCtasPerSm(bm) - kSmemReservedPerCta;
-  const size_t fixed = StreamSmemBytes(which, bm, has_shared, 0);
-  int stages = static_cast<int>((budget - fixed) / StageBytes(which, bm, has_shared));
-  stages = stages < kLagStages + 1 ? kLagStages + 1 : (stages > kMaxStages ? kMaxStages : stages);
+  // As many stages as fit the shared memory of TargetCtasPerSm resident CTAs.
+  int stages = StagesFitting(which, bm, has_shared, RedInStage(which, bm, has_shared));
+  stages = stages < kMinStages ? kMinStages : (stages > kMaxStages ? kMaxStages : stages);
   shape->threads = kStreamThreads;
   shape->stages = stages;
   shape->smem_bytes = StreamSmemBytes(which, bm, has_shared, stages);

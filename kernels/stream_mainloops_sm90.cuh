@@ -193,7 +193,7 @@ __device__ __forceinline__ void MainloopBf16(const TaskDesc& d, const uint8_t* s
                                              int stages, int stage_bytes, int a_region,
                                              Barriers& bars, uint64_t mbar_timeout,
                                              const WaitEnv& env, float (&acc)[kTiles * BM / 2],
-                                             RingCursor& ring) {
+                                             RingCursor& ring, bool hold_last) {
   constexpr TileFormat kFormat = kFp4 ? TileFormat::kE2M1Bf16 : TileFormat::kE4M3;
   constexpr uint32_t kBias = kFp4 ? kE2m1Bf16ScaleBias : kE4m3Bf16ScaleBias;
   constexpr int kPayload = ChunkPayloadBytes(kFormat);
@@ -274,8 +274,11 @@ __device__ __forceinline__ void MainloopBf16(const TaskDesc& d, const uint8_t* s
         }
       }
     }
-    FenceProxyAsyncShared();  // behind this thread's generic loads of the stage (the refill)
-    MbarArrive(SmemAddr(&bars.empty[s]));
+    // The last chunk's stage, held, takes the task's results (RedInStage): the caller releases it.
+    if (!hold_last || c + 1 < chunks) {
+      FenceProxyAsyncShared();  // behind this thread's generic loads of the stage (the refill)
+      MbarArrive(SmemAddr(&bars.empty[s]));
+    }
   }
   if constexpr (kSplit) {
 #pragma unroll
@@ -292,23 +295,24 @@ __device__ __forceinline__ void RunMainloop(const TaskDesc& d, const uint8_t* st
                                             Barriers& bars, uint64_t mbar_timeout,
                                             const WaitEnv& env,
                                             float (&acc)[Role2TilesPerTask(kKernel, BM) * BM / 2],
-                                            RingCursor& ring, bool w2) {
-#define GCMOE_MAINLOOP(N)                                                                     \
-  if constexpr (kKernel == GemmKernel::kStreamBf16) {                                         \
-    MainloopBf16<BM, N, kFp4, Role2TilesPerTask(kKernel, BM)>(                                \
-        d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, env, acc, ring);    \
-  } else if constexpr (kKernel == GemmKernel::kStreamMma && BM <= 32) {                       \
-    /* W2 on FP8 wgmma (GemmKernel::kStreamMma). Not at BM 64: its spills (168 registers). */ \
-    if (w2) {                                                                                 \
-      Mainloop<BM, N, kFp4, true>(d, stage_base, stages, stage_bytes, a_region, bars,         \
-                                  mbar_timeout, env, acc, ring);                              \
-    } else {                                                                                  \
-      Mainloop<BM, N, kFp4, false>(d, stage_base, stages, stage_bytes, a_region, bars,        \
-                                   mbar_timeout, env, acc, ring);                             \
-    }                                                                                         \
-  } else {                                                                                    \
-    Mainloop<BM, N, kFp4, kKernel == GemmKernel::kStreamWgmma>(                               \
-        d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, env, acc, ring);    \
+                                            RingCursor& ring, bool w2, bool hold_last) {
+#define GCMOE_MAINLOOP(N)                                                                         \
+  if constexpr (kKernel == GemmKernel::kStreamBf16) {                                             \
+    MainloopBf16<BM, N, kFp4, Role2TilesPerTask(kKernel, BM)>(d, stage_base, stages, stage_bytes, \
+                                                              a_region, bars, mbar_timeout, env,  \
+                                                              acc, ring, hold_last);              \
+  } else if constexpr (kKernel == GemmKernel::kStreamMma && BM <= 32) {                           \
+    /* W2 on FP8 wgmma (GemmKernel::kStreamMma). Not at BM 64: its spills (168 registers). */     \
+    if (w2) {                                                                                     \
+      Mainloop<BM, N, kFp4, true>(d, stage_base, stages, stage_bytes, a_region, bars,             \
+                                  mbar_timeout, env, acc, ring);                                  \
+    } else {                                                                                      \
+      Mainloop<BM, N, kFp4, false>(d, stage_base, stages, stage_bytes, a_region, bars,            \
+                                   mbar_timeout, env, acc, ring);                                 \
+    }                                                                                             \
+  } else {                                                                                        \
+    Mainloop<BM, N, kFp4, kKernel == GemmKernel::kStreamWgmma>(                                   \
+        d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, env, acc, ring);        \
   }
   if (d.n <= 8) {
     GCMOE_MAINLOOP(8);

@@ -14,6 +14,8 @@
 //   empty[s] count 128: every consumer thread, after the MMAs reading the stage completed
 //            (wgmma: wait_group 0) and a proxy fence behind its own shared loads (the refill's bulk
 //            copy writes through the async proxy); the producer waits on it before refilling.
+//            With RedInStage, the stage of a task's last chunk is released only after the task's
+//            epilogue has read the results written over it.
 //   desc_full/desc_empty (2 slots): the task descriptor, published before its stages.
 #pragma once
 
@@ -36,9 +38,10 @@ inline constexpr uint32_t kFullArrivals = 33;
 // (each release waits for its own cp.async, fences, then arrives): keeps B loads pipelined.
 inline constexpr int kLagStages = 2;
 
-// Resident CTAs per SM each block size is built for (registers and shared memory follow).
-__host__ __device__ constexpr int TargetCtasPerSm(int bm) {
-  return bm <= 16 ? 4 : (bm == 32 ? 3 : 2);
+// Resident CTAs per SM each kernel and block size is built for (registers and shared memory
+// follow). The bf16 kernel's two tiles per task at BM 16 need 3: at 4 (96 registers) they spill.
+__host__ __device__ constexpr int TargetCtasPerSm(GemmKernel kernel, int bm) {
+  return bm <= 8 ? 4 : bm == 16 ? (Role2TilesPerTask(kernel, bm) == 2 ? 3 : 4) : bm == 32 ? 3 : 2;
 }
 // A stage: per weight tile of the task (Role2TilesPerTask) its four stripe chunks (room for E4M3
 // when the layer has a shared expert), then B [8 K16 units][bm rows][16 bytes], then the scale
@@ -87,11 +90,40 @@ struct RingCursor {
   }
 };
 
+// Per-SM shared memory of sm_90 and what the runtime reserves per resident CTA.
+inline constexpr int kSmemPerSm = 232448;
+inline constexpr int kSmemReservedPerCta = 1024;
+// The fewest stages a ring runs with (the producer's release lag needs kLagStages + 1).
+inline constexpr int kMinStages = kLagStages + 1;
+
+// Stages that fit TargetCtasPerSm resident CTAs, with the results buffer after them or
+// (red_in_stage) over the stage of the task's last chunk.
+__host__ __device__ constexpr int StagesFitting(GemmKernel kernel, int bm, bool has_shared,
+                                                bool red_in_stage) {
+  return (kSmemPerSm / TargetCtasPerSm(kernel, bm) - kSmemReservedPerCta -
+          (red_in_stage ? 0 : RedBytes(kernel, bm)) - static_cast<int>(sizeof(Barriers))) /
+         StageBytes(kernel, bm, has_shared);
+}
+// The bf16 kernel writes a task's results over the stage of its last chunk (its consumers then
+// release that stage after the epilogue, not after the MMAs) where a separate buffer would leave
+// fewer than kMinStages at the target occupancy: with the shared expert at BM 32 and 64, which
+// then keep 3 and 2 CTAs per SM instead of 2 and 1. Elsewhere holding the stage through the
+// epilogue cost 1-4 % (measured, H200, 2026-12-01), even where it gained a stage.
+__host__ __device__ constexpr bool RedInStage(GemmKernel kernel, int bm, bool has_shared) {
+  return kernel == GemmKernel::kStreamBf16 &&
+         RedBytes(kernel, bm) <= StageBytes(kernel, bm, has_shared) &&
+         StagesFitting(kernel, bm, has_shared, false) < kMinStages;
+}
 __host__ __device__ constexpr size_t StreamSmemBytes(GemmKernel kernel, int bm, bool has_shared,
                                                      int stages) {
-  return static_cast<size_t>(stages) * StageBytes(kernel, bm, has_shared) + RedBytes(kernel, bm) +
-         sizeof(Barriers);
+  return static_cast<size_t>(stages) * StageBytes(kernel, bm, has_shared) +
+         (RedInStage(kernel, bm, has_shared) ? 0 : RedBytes(kernel, bm)) + sizeof(Barriers);
 }
+
+// Both cases the rule is for, and one it leaves alone (routed-only BM 32 fits 3 stages).
+static_assert(RedInStage(GemmKernel::kStreamBf16, 32, true));
+static_assert(RedInStage(GemmKernel::kStreamBf16, 64, true));
+static_assert(!RedInStage(GemmKernel::kStreamBf16, 32, false));
 
 // The smallest MMA width covering `rows` tokens, at most BM.
 __device__ __forceinline__ int MmaWidth(int rows, int bm) {
