@@ -47,12 +47,14 @@ enum class GemmKernel : int {
 };
 const char* GemmKernelName(GemmKernel kernel);
 
-// Weight tiles one role2 task covers: two adjacent tiles for the bf16 kernel at BM >= 32, where
+// Weight tiles one role2 task covers: two adjacent tiles for the bf16 kernel at BM >= 16, where
 // each consumer warp's two 16-row stripes share every activation load and a stage's activations
 // feed 128 weight rows (at 32 and 64 tokens per block a 64-row tile's activations are 2-4x its
-// weight bytes); one otherwise (fewer, longer tasks would idle CTAs at small T).
+// weight bytes); one otherwise (fewer, longer tasks would idle CTAs at small T). At BM 16 the
+// second tile costs a CTA per SM (stream_pipeline_sm90.cuh, TargetCtasPerSm) and still gains
+// 1.04-1.11x at 4-64 tokens per expert (measured, H200, 2026-12-01).
 GCMOE_HOST_DEVICE constexpr int Role2TilesPerTask(GemmKernel kernel, int bm) {
-  return kernel == GemmKernel::kStreamBf16 && bm >= 32 ? 2 : 1;
+  return kernel == GemmKernel::kStreamBf16 && bm >= 16 ? 2 : 1;
 }
 
 // Launch shape of role2 for one block size.
