@@ -426,8 +426,8 @@ __global__ void __launch_bounds__(kStreamThreads) __maxnreg__(MaxRegisters(kKern
     GroupedGemmStreamKernel(const __grid_constant__ LayerParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int stages = p.r2_stages;
-  const int stage_bytes = StageBytes(kKernel, BM, p.dims.shared_intermediate > 0);
   const bool has_shared = p.dims.shared_intermediate > 0;
+  const int stage_bytes = StageBytes(kKernel, BM, has_shared);
   // The results buffer after the stages, unless the results go over a stage (RedInStage).
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(stages) * stage_bytes);
   Barriers& bars = *reinterpret_cast<Barriers*>(

@@ -52,7 +52,8 @@ const char* GemmKernelName(GemmKernel kernel);
 // feed 128 weight rows (at 32 and 64 tokens per block a 64-row tile's activations are 2-4x its
 // weight bytes); one otherwise (fewer, longer tasks would idle CTAs at small T). At BM 16 the
 // second tile costs a CTA per SM (stream_pipeline_sm90.cuh, TargetCtasPerSm) and still gains
-// 1.04-1.11x at 4-64 tokens per expert (measured, H200, 2026-12-01).
+// 1.04-1.09x at GLM-5.2 T = 16..64 and 1.03-1.07x at DeepSeek-V4.1-Flash T = 4..64, against
+// 0.96x at GLM-5.2 T = 8 (measured with BM 16 pinned, H200, 2026-12-01).
 GCMOE_HOST_DEVICE constexpr int Role2TilesPerTask(GemmKernel kernel, int bm) {
   return kernel == GemmKernel::kStreamBf16 && bm >= 16 ? 2 : 1;
 }
