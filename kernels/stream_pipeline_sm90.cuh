@@ -93,7 +93,9 @@ struct RingCursor {
 // Per-SM shared memory of sm_90 and what the runtime reserves per resident CTA.
 inline constexpr int kSmemPerSm = 232448;
 inline constexpr int kSmemReservedPerCta = 1024;
-// The fewest stages a ring runs with (the producer's release lag needs kLagStages + 1).
+// The fewest stages a ring runs with: the wgmma kernels' release lag needs kLagStages + 1. The
+// bf16 kernel has no lag and is held to the same floor, which also marks where its occupancy
+// would drop (RedInStage).
 inline constexpr int kMinStages = kLagStages + 1;
 
 // Stages that fit TargetCtasPerSm resident CTAs, with the results buffer after them or
