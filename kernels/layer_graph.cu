@@ -112,8 +112,10 @@ cudaError_t LayerGraph::Create(const LayerGraphOptions& options, std::unique_ptr
     return err;
   }
   graph->max_recv_rows_ = d.world_size * d.capacity * d.top_k;
-  graph->role1_grid_ =
-      graph->pair_->green ? graph->pair_->dispatch_sms : std::min(16, graph->pair_->total_sms);
+  const int total_sms = graph->pair_->total_sms;
+  graph->role1_grid_ = graph->pair_->green      ? graph->pair_->dispatch_sms
+                       : options.role1_grid > 0 ? std::min(options.role1_grid, total_sms)
+                                                : total_sms;
   graph->role3_grid_ = graph->pair_->compute_sms;
   for (int i = 0; i < kNumBlockSizes; ++i) {
     const int bm = kBlockSizes[i];
