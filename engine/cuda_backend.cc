@@ -332,10 +332,11 @@ int BlockRowsForMeanRows(kernels::GemmKernel kernel, double rows_per_expert) {
   // Each switch sits at the geometric midpoint between the measured means on either side.
   if (kernel == kernels::GemmKernel::kStreamBf16) {
     // Measured optima (2026-12-01): 16 at means 2 to 8 (8 within 1 % at 2 and 4), 32 at 16, 32
-    // and 64; 64 is 1.2-1.3x slower than 32 at 64 rows. With two tiles per task at BM 16 (later
-    // that day) 16 still wins at 2 to 8 and loses at 16 (GLM-5.2 339 against 293 us); at means
-    // 0.5 and 1 it wins on DeepSeek-V4.1-Flash (1.09-1.12x) and loses on GLM-5.2 (0.96x at 1).
-    if (rows_per_expert < 1.41) return 8;   // sqrt(1 * 2): 8 and 16 measured even at 2
+    // and 64; 64 is 1.2-1.3x slower than 32 at 64 rows. With two tiles per task at BM 16 and the
+    // shift decode (later that day, the same routing for both sizes): at mean 1, 16 is 1.07x
+    // faster on DeepSeek-V4.1-Flash and 0.99x on GLM-5.2; at 0.5, 0.95x and 1.00x. At 16 rows it
+    // still loses (GLM-5.2 318 against 286 us, routings of one seed).
+    if (rows_per_expert < 0.71) return 8;   // sqrt(0.5 * 1)
     if (rows_per_expert < 11.3) return 16;  // sqrt(8 * 16)
     return 32;
   }

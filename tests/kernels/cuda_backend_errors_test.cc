@@ -73,7 +73,8 @@ TEST(CudaBackendBlockRows, MatchesTheMeasuredFastestBlockSize) {
     EXPECT_EQ(BlockRowsForMeanRows(GemmKernel::kStreamMma, mean), bm) << mean;
   }
   EXPECT_EQ(BlockRowsForMeanRows(GemmKernel::kStreamMma, 1000.0), 64);
-  const std::pair<double, int> bf16[] = {{2, 16}, {4, 16}, {8, 16}, {16, 32}, {32, 32}, {64, 32}};
+  const std::pair<double, int> bf16[] = {{0.5, 8}, {1, 16},  {2, 16},  {4, 16},
+                                         {8, 16},  {16, 32}, {32, 32}, {64, 32}};
   for (const auto& [mean, bm] : bf16) {
     EXPECT_EQ(BlockRowsForMeanRows(GemmKernel::kStreamBf16, mean), bm) << mean;
   }
