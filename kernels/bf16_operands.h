@@ -48,6 +48,23 @@ GCMOE_HOST_DEVICE inline uint32_t ScaleBytePair(uint32_t word, int b, uint32_t b
   return (v + bias * 0x00010001u) << 7;
 }
 
+// The same multipliers for all four codes of a word at once (the bf16 role2's scale words):
+// BiasScaleBytes adds `bias` to every byte, which carries into no neighbour as long as every code
+// is <= MaxBf16ScaleCode(bias); BiasedScaleBytePair then takes byte b as the exponent field of
+// both halves. A byte permute and a shift per multiplier, which ptxas may issue on the FMA pipe,
+// where ScaleBytePair's add and shift are one more ALU instruction (LEA).
+GCMOE_HOST_DEVICE constexpr uint32_t BiasScaleBytes(uint32_t word, uint32_t bias) {
+  return word + bias * 0x01010101u;
+}
+GCMOE_HOST_DEVICE inline uint32_t BiasedScaleBytePair(uint32_t biased, int b) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t v = __byte_perm(biased, 0u, 0x4040u | (b << 8) | b);  // the byte in both halves
+#else
+  const uint32_t v = ((biased >> (8 * b)) & 0xFFu) * 0x00010001u;
+#endif
+  return v << 7;
+}
+
 // Activations: the E4M3 decode times 2^120, then times the UE8M0 scale (codes >= 1; this
 // engine's quantizers write >= 105), two multiplies so that no multiplier leaves BF16's range.
 inline constexpr uint32_t kE4m3Bf16Undo = Bf16PowerPair(127 + 120);

@@ -213,7 +213,8 @@ __device__ __forceinline__ void MainloopBf16(const TaskDesc& d, const uint8_t* s
     const int s = ring.stage;
     MbarWait(SmemAddr(&bars.full[s]), ring.phase, mbar_timeout, env, s);
     const uint8_t* st = stage_base + static_cast<int64_t>(s) * stage_bytes;
-    // This lane's words of stripe `warp` of each tile (weight_tiles_sm90.h), and its scales.
+    // This lane's words of stripe `warp` of each tile (weight_tiles_sm90.h), and its scale codes
+    // plus the multipliers' bias (every code is in range: the load shifts them, scale_shift).
     uint32_t w[kTiles][kWords];
     uint2 sw[kTiles];
 #pragma unroll
@@ -227,7 +228,8 @@ __device__ __forceinline__ void MainloopBf16(const TaskDesc& d, const uint8_t* s
         w[tile][q * 4 + 2] = v.z;
         w[tile][q * 4 + 3] = v.w;
       }
-      sw[tile] = *reinterpret_cast<const uint2*>(a_src + kPayload + (lane >> 2) * 8);
+      const uint2 codes = *reinterpret_cast<const uint2*>(a_src + kPayload + (lane >> 2) * 8);
+      sw[tile] = make_uint2(BiasScaleBytes(codes.x, kBias), BiasScaleBytes(codes.y, kBias));
     }
     const uint8_t* b_st = st + a_region + unit;
 #pragma unroll
@@ -238,8 +240,8 @@ __device__ __forceinline__ void MainloopBf16(const TaskDesc& d, const uint8_t* s
 #pragma unroll
       for (int tile = 0; tile < kTiles; ++tile) {
         const uint32_t sw_word = kb < 2 ? sw[tile].x : sw[tile].y;
-        const uint32_t f_g = ScaleBytePair(sw_word, (kb & 1) * 2, kBias);
-        const uint32_t f_g8 = ScaleBytePair(sw_word, (kb & 1) * 2 + 1, kBias);
+        const uint32_t f_g = BiasedScaleBytePair(sw_word, (kb & 1) * 2);
+        const uint32_t f_g8 = BiasedScaleBytePair(sw_word, (kb & 1) * 2 + 1);
         if constexpr (kFp4) {
           const Bf16Quad row_g = DecodeE2m1Bf16Word(w[tile][kb * 2]);
           const Bf16Quad row_g8 = DecodeE2m1Bf16Word(w[tile][kb * 2 + 1]);

@@ -59,6 +59,24 @@ TEST(Bf16Operands, ScaleBytePairIsTwoToTheCodePlusBias) {
   }
 }
 
+// The kernel's form: a word of four in-range codes biased at once, then each byte's multiplier.
+TEST(Bf16Operands, BiasedScaleBytePairMatchesScaleBytePair) {
+  std::mt19937 rng(23);
+  for (const uint32_t bias : {kE2m1Bf16ScaleBias, kE4m3Bf16ScaleBias}) {
+    std::uniform_int_distribution<uint32_t> code(0, static_cast<uint32_t>(MaxBf16ScaleCode(bias)));
+    for (int trial = 0; trial < 20000; ++trial) {
+      uint32_t word = 0;
+      for (int b = 0; b < 4; ++b) word |= code(rng) << (8 * b);
+      // The extremes in every byte too.
+      if (trial < 2) word = trial == 0 ? 0u : 0x01010101u * MaxBf16ScaleCode(bias);
+      for (int b = 0; b < 4; ++b) {
+        ASSERT_EQ(BiasedScaleBytePair(BiasScaleBytes(word, bias), b), ScaleBytePair(word, b, bias))
+            << std::hex << "word " << word << " byte " << b << " bias " << std::dec << bias;
+      }
+    }
+  }
+}
+
 // A weight: the lane-word decode times its scale multiplier is E2M1 value x 2^(code - 127), for
 // every code and every scale the bf16 kernel accepts (code 0 gives BF16 subnormals).
 TEST(Bf16Operands, E2m1WeightTimesScaleIsExact) {
