@@ -45,9 +45,9 @@ struct LayerGraphOptions {
   // Ring slots per graph; 0: as many as the largest step has blocks (no slot is reused within
   // a replay). A small value exercises the generation-tagged reuse.
   int ring_blocks = 0;
-  // role1's CTAs when there is no dispatch partition; 0: one per SM. (Its pull is a thread per
-  // 32-value block of a row: at 16 CTAs, W1 tasks at T = 256 waited up to 45 us for their
-  // ring block.)
+  // role1's CTAs when there is no dispatch partition; 0: one per SM. (A CTA pulls its ring
+  // blocks one after another: at 16 CTAs, the W1 tasks of GLM-5.2 T = 256, 80 blocks, waited
+  // up to 45 us (p90) for theirs.)
   int role1_grid = 0;
   // Roles one after the other on one stream (forced in the single-context fallback). Nothing
   // ever spins on a kernel that has not run, which tools that serialize kernels need.
