@@ -31,28 +31,19 @@ GCMOE_HOST_DEVICE inline uint32_t E4m3PairToBf16(uint32_t word, int j) {
 // BF16x2 of 2^(field - 127) in both halves (field 1..254: normal powers of two).
 GCMOE_HOST_DEVICE constexpr uint32_t Bf16PowerPair(uint32_t field) { return field * 0x00800080u; }
 
-// The multiplier that makes a decoded weight exact: UE8M0 code c (byte b of `word`) plus `bias`
-// as the BF16 exponent field, i.e. 2^(c - 127) times 2^126 (E2M1, bias 126) or 2^120 (E4M3,
-// bias 120), in both halves. Valid while c + bias <= 254: codes up to kMaxBf16ScaleCode.
+// The multipliers that make decoded weights exact: UE8M0 code c plus `bias` as the BF16 exponent
+// field, i.e. 2^(c - 127) times 2^126 (E2M1, bias 126) or 2^120 (E4M3, bias 120), in both
+// halves. Valid while c + bias <= 254: codes up to MaxBf16ScaleCode. A scale word holds four
+// codes: BiasScaleBytes adds `bias` to every byte at once (no byte carries into the next, as every
+// code is in range: the load shifts larger ones, StepHeader::scale_shift), and
+// BiasedScaleBytePair takes byte b of the result into both halves' exponent fields. A byte
+// permute and a shift per multiplier, which ptxas issues on the FMA pipe (IMAD.SHL); adding the
+// bias per multiplier instead made it an ALU LEA.
 inline constexpr uint32_t kE2m1Bf16ScaleBias = 126;
 inline constexpr uint32_t kE4m3Bf16ScaleBias = 120;
 GCMOE_HOST_DEVICE constexpr int MaxBf16ScaleCode(uint32_t bias) {
   return 254 - static_cast<int>(bias);
 }
-GCMOE_HOST_DEVICE inline uint32_t ScaleBytePair(uint32_t word, int b, uint32_t bias) {
-#if defined(__CUDA_ARCH__)
-  const uint32_t v = __byte_perm(word, 0u, 0x4040u | (b << 8) | b);  // the byte in both halves
-#else
-  const uint32_t v = ((word >> (8 * b)) & 0xFFu) * 0x00010001u;
-#endif
-  return (v + bias * 0x00010001u) << 7;
-}
-
-// The same multipliers for all four codes of a word at once (the bf16 role2's scale words):
-// BiasScaleBytes adds `bias` to every byte, which carries into no neighbour as long as every code
-// is <= MaxBf16ScaleCode(bias); BiasedScaleBytePair then takes byte b as the exponent field of
-// both halves. A byte permute and a shift per multiplier, which ptxas may issue on the FMA pipe,
-// where ScaleBytePair's add and shift are one more ALU instruction (LEA).
 GCMOE_HOST_DEVICE constexpr uint32_t BiasScaleBytes(uint32_t word, uint32_t bias) {
   return word + bias * 0x01010101u;
 }

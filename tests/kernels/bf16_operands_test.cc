@@ -43,35 +43,30 @@ TEST(Bf16Operands, E4m3PairDecodesEveryCodeInEverySlot) {
   }
 }
 
+// Every in-range code in every byte of a scale word, the other three bytes random in-range
+// codes or all at the largest (the most a lower byte can carry), as the kernel biases them.
 TEST(Bf16Operands, ScaleBytePairIsTwoToTheCodePlusBias) {
   std::mt19937 rng(22);
   for (const uint32_t bias : {kE2m1Bf16ScaleBias, kE4m3Bf16ScaleBias}) {
+    const int max_code = MaxBf16ScaleCode(bias);
+    std::uniform_int_distribution<uint32_t> any(0, static_cast<uint32_t>(max_code));
     for (int b = 0; b < 4; ++b) {
-      for (int code = 0; code <= MaxBf16ScaleCode(bias); ++code) {
-        const uint32_t word = (static_cast<uint32_t>(rng()) & ~(0xFFu << (8 * b))) |
-                              (static_cast<uint32_t>(code) << (8 * b));
-        const uint32_t pair = ScaleBytePair(word, b, bias);
-        const float want = std::ldexp(1.0f, code + static_cast<int>(bias) - 127);
-        ASSERT_EQ(Half(pair, 0), want) << "code " << code << " byte " << b << " bias " << bias;
-        ASSERT_EQ(Half(pair, 1), want) << "code " << code << " byte " << b << " bias " << bias;
-      }
-    }
-  }
-}
-
-// The kernel's form: a word of four in-range codes biased at once, then each byte's multiplier.
-TEST(Bf16Operands, BiasedScaleBytePairMatchesScaleBytePair) {
-  std::mt19937 rng(23);
-  for (const uint32_t bias : {kE2m1Bf16ScaleBias, kE4m3Bf16ScaleBias}) {
-    std::uniform_int_distribution<uint32_t> code(0, static_cast<uint32_t>(MaxBf16ScaleCode(bias)));
-    for (int trial = 0; trial < 20000; ++trial) {
-      uint32_t word = 0;
-      for (int b = 0; b < 4; ++b) word |= code(rng) << (8 * b);
-      // The extremes in every byte too.
-      if (trial < 2) word = trial == 0 ? 0u : 0x01010101u * MaxBf16ScaleCode(bias);
-      for (int b = 0; b < 4; ++b) {
-        ASSERT_EQ(BiasedScaleBytePair(BiasScaleBytes(word, bias), b), ScaleBytePair(word, b, bias))
-            << std::hex << "word " << word << " byte " << b << " bias " << std::dec << bias;
+      for (int code = 0; code <= max_code; ++code) {
+        for (const bool others_max : {false, true}) {
+          uint32_t word = 0;
+          for (int o = 0; o < 4; ++o) {
+            const uint32_t c = o == b       ? static_cast<uint32_t>(code)
+                               : others_max ? static_cast<uint32_t>(max_code)
+                                            : any(rng);
+            word |= c << (8 * o);
+          }
+          const uint32_t pair = BiasedScaleBytePair(BiasScaleBytes(word, bias), b);
+          const float want = std::ldexp(1.0f, code + static_cast<int>(bias) - 127);
+          ASSERT_EQ(Half(pair, 0), want)
+              << std::hex << "word " << word << std::dec << " byte " << b << " bias " << bias;
+          ASSERT_EQ(Half(pair, 1), want)
+              << std::hex << "word " << word << std::dec << " byte " << b << " bias " << bias;
+        }
       }
     }
   }
@@ -85,8 +80,9 @@ TEST(Bf16Operands, E2m1WeightTimesScaleIsExact) {
     const uint8_t hi[4] = {3, 7, static_cast<uint8_t>(code), 12};
     const uint32_t reg = DecodeE2m1Bf16Word(PlaceE2m1Bf16Word(lo, hi)).r[0];
     for (int scale = 0; scale <= MaxBf16ScaleCode(kE2m1Bf16ScaleBias); ++scale) {
-      const uint32_t product =
-          MulBf16x2(reg, ScaleBytePair(static_cast<uint32_t>(scale), 0, kE2m1Bf16ScaleBias));
+      const uint32_t product = MulBf16x2(
+          reg,
+          BiasedScaleBytePair(BiasScaleBytes(static_cast<uint32_t>(scale), kE2m1Bf16ScaleBias), 0));
       const double unit = numerics::DecodeUE8M0(static_cast<uint8_t>(scale));
       ASSERT_EQ(Half(product, 0), numerics::DecodeE2M1(lo[0]) * unit) << code << " " << scale;
       ASSERT_EQ(Half(product, 1), numerics::DecodeE2M1(lo[1]) * unit) << code << " " << scale;
@@ -100,8 +96,9 @@ TEST(Bf16Operands, E4m3WeightTimesScaleIsExact) {
     if (IsE4m3Nan(code)) continue;
     const uint32_t reg = E4m3PairToBf16(code | (0x38u << 8), 0);  // 0x38: 1.0 in the high half
     for (int scale = 0; scale <= MaxBf16ScaleCode(kE4m3Bf16ScaleBias); ++scale) {
-      const uint32_t product =
-          MulBf16x2(reg, ScaleBytePair(static_cast<uint32_t>(scale), 0, kE4m3Bf16ScaleBias));
+      const uint32_t product = MulBf16x2(
+          reg,
+          BiasedScaleBytePair(BiasScaleBytes(static_cast<uint32_t>(scale), kE4m3Bf16ScaleBias), 0));
       const double unit = numerics::DecodeUE8M0(static_cast<uint8_t>(scale));
       const double want = numerics::DecodeE4M3(static_cast<uint8_t>(code)) * unit;
       // Products finer than BF16's subnormal grid (weights near 1e-40) cannot be exact.
