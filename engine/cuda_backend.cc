@@ -129,8 +129,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   graph_options.dispatch_sms = options.dispatch_sms;
   graph_options.alltoall = alltoall;
   graph_options.ring_blocks = alltoall ? 0 : EnvInt("GCMOE_CUDA_RING_BLOCKS", 0);
-  graph_options.role1_grid = EnvInt("GCMOE_CUDA_ROLE1_GRID", 0);  // 0: one CTA per SM
-  // The `stream` role2 on every P (ChooseRole2Kernel). P > 1 runs the roles one after the
+  graph_options.role1_grid = EnvInt("GCMOE_CUDA_ROLE1_GRID", 0);
+  // The same role2 on every P (ChooseRole2Kernel). P > 1 runs the roles one after the
   // other by default: overlapped, the 2 x H200 steps were correct but slow and erratic (T = 1:
   // 4.6 ms against 0.2 ms for NCCL; docs/PERFORMANCE.md, "Multi-GPU"). GCMOE_CUDA_SEQUENTIAL=0
   // or 1 forces either on any P. (Sessions 2 and 3 had sequenced P > 1, then given it the

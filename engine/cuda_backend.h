@@ -12,6 +12,7 @@
 //
 // Knobs for tests and tuning (environment, read at creation):
 //   GCMOE_CUDA_RING_BLOCKS=N     ring slots per graph (default: no slot reuse within a step)
+//   GCMOE_CUDA_ROLE1_GRID=N      role1's CTAs without a dispatch partition (default: one per SM)
 //   GCMOE_CUDA_SEQUENTIAL=0|1    roles overlapped (0) or one after the other (1: tools that
 //                                serialize kernels); default overlapped on one GPU, in
 //                                sequence with P > 1 (see Create)
