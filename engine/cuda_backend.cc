@@ -46,8 +46,9 @@ Result<kernels::GemmKernel> ChooseRole2Kernel(const char* requested) {
   if (name == "stream") return kernels::GemmKernel::kStreamMma;
   if (name == "wgmma") return kernels::GemmKernel::kStreamWgmma;
   if (name == "bf16") return kernels::GemmKernel::kStreamBf16;
+  if (name == "decoded") return kernels::GemmKernel::kDecodedBf16;
   return InvalidArgument("cuda backend: role2 kernel (GCMOE_CUDA_GEMM) " + name +
-                         " is not bf16, stream, wgmma or mma");
+                         " is not bf16, decoded, stream, wgmma or mma");
 }
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
@@ -330,7 +331,10 @@ Status CudaBackend::ForceBlockRows(int bm) {
 
 int BlockRowsForMeanRows(kernels::GemmKernel kernel, double rows_per_expert) {
   // Each switch sits at the geometric midpoint between the measured means on either side.
-  if (kernel == kernels::GemmKernel::kStreamBf16) {
+  // `decoded` is `bf16` with its own kernel at BM 64, taken from a mean of 22.6 (sqrt(16 * 32)) so
+  // that the variant runs it where a block fills (it is slower there too: layer_roles.h).
+  if (kernel == kernels::GemmKernel::kDecodedBf16 && rows_per_expert >= 22.6) return 64;
+  if (kernels::UsesBf16Operands(kernel)) {
     // Measured optima (2026-12-01): 16 at means 2 to 8 (8 within 1 % at 2 and 4), 32 at 16, 32
     // and 64; 64 is 1.2-1.3x slower than 32 at 64 rows. With two tiles per task at BM 16 and the
     // shift decode (later that day, the same routing for both sizes): at mean 1, 16 is 1.07x

@@ -40,8 +40,8 @@
 
 namespace gcmoe::engine {
 
-// role2's kernel: `requested` (GCMOE_CUDA_GEMM: bf16, stream, wgmma or mma) when set and not
-// empty, else `bf16`, on any number of GPUs. An unknown name is an InvalidArgument.
+// role2's kernel: `requested` (GCMOE_CUDA_GEMM: bf16, decoded, stream, wgmma or mma) when set and
+// not empty, else `bf16`, on any number of GPUs. An unknown name is an InvalidArgument.
 Result<kernels::GemmKernel> ChooseRole2Kernel(const char* requested);
 
 // The block size (rows per ring block, 8/16/32/64) for a step whose rank computes a mean of

@@ -95,7 +95,7 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
   }
   // The bf16 role2 reads its own lane-word placement (same bytes) and folds the block scales
   // into BF16 multipliers, which bounds them (kernels/bf16_operands.h).
-  const bool bf16 = graph_->gemm_kernel() == kernels::GemmKernel::kStreamBf16;
+  const bool bf16 = kernels::UsesBf16Operands(graph_->gemm_kernel());
   const TileFormat routed = bf16 ? TileFormat::kE2M1Bf16 : TileFormat::kE2M1;
   const int64_t w1_bytes = kernels::GatedTilesBytes(routed, I, H);
   const int64_t w2_bytes = kernels::PlainTilesBytes(routed, H, I);

@@ -37,6 +37,7 @@
 // stream_mainloops_sm90.cuh.
 #include <cstdint>
 
+#include "kernels/decoded_wgmma_sm90.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/gemm_epilogue_sm90.cuh"
 #include "kernels/layer_roles.h"
@@ -74,11 +75,17 @@ __device__ __forceinline__ bool WaitFlagInline(const WaitEnv& env, const uint32_
   }
 }
 
-template <int BM, GemmKernel kKernel>
+// kDecoded: for GroupedGemmDecodedKernel, whose MMA warpgroup reads the BF16 token rows through
+// the async proxy (wgmma), stored as K-major core matrices [unit][token][16 bytes].
+template <int BM, GemmKernel kKernel, bool kDecoded = false>
 __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
                          Barriers& bars) {
   constexpr bool kBf16 = kKernel == GemmKernel::kStreamBf16;
   constexpr int kActBytes = kBf16 ? 2 : 1;  // LayerParams::act_bf16
+  // Each lane's arrival completes by itself when its copies land: the bf16 consumers read B with
+  // generic loads (mma.sync), and the decoded-tile kernel's MMA warpgroup fences the proxies
+  // itself after it acquired the stage (MmaTask).
+  constexpr bool kGenericB = kBf16;
   constexpr int kTiles = Role2TilesPerTask(kKernel, BM);
   const int lane = threadIdx.x & 31;
   const StepHeader& hdr = *p.header;
@@ -95,6 +102,10 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
                              n2 / kTiles);
   const int a_tile_region = ARegionBytes(Is > 0);  // one tile's chunks in a stage
   const int a_region = kTiles * a_tile_region;
+  // Where a stage keeps the weights and the activations (decoded_wgmma_sm90.cuh: tokens first,
+  // at the stage's 1024-aligned start).
+  const uint32_t a_offset = kDecoded ? kDecodedTokenBytes : 0;
+  const uint32_t b_offset = kDecoded ? 0 : a_region;
   const uint64_t policy = EvictFirstPolicy();
   const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
 
@@ -239,13 +250,26 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         MbarArriveExpectTx(full, static_cast<uint32_t>(kTiles * 4 * chunk_bytes));
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
-          BulkCopyG2S(st + tile * a_tile_region,
+          BulkCopyG2S(st + a_offset + tile * a_tile_region,
                       tile_ptr + tile * tile_bytes + static_cast<int64_t>(c) * 4 * chunk_bytes,
                       static_cast<uint32_t>(4 * chunk_bytes), full, policy);
         }
       }
-      const uint32_t b_st = st + a_region;
-      if constexpr (kBf16) {
+      const uint32_t b_st = st + b_offset;
+      if constexpr (kDecoded) {
+        // B [K half][row n][128 bytes], 128-byte swizzle: unit u of a row's chunk (its values
+        // 8u..8u+7) is unit u % 8 of its K half. Each 8-lane phase of a copy takes 8 rows of one
+        // unit (distinct bank groups under the swizzle) and the warp 4 adjacent units of each
+        // row (two full 32-byte sectors).
+        for (int it = 0; it < 4 * ((d.rows + 7) >> 3); ++it) {
+          const int n = (it >> 2) * 8 + (lane & 7);
+          const int u = (it & 3) * 4 + (lane >> 3);
+          if (n < d.rows) {
+            CpAsyncCg16(b_st + (u >> 3) * kDecodedTokenHalfBytes + Swizzle128Offset(n, u & 7),
+                        act + (static_cast<int64_t>(n) * d.k + c * kChunkK) * 2 + u * 16);
+          }
+        }
+      } else if constexpr (kBf16) {
         // B [kb][row n][t][16 bytes], BF16 rows already in block column order
         // (bf16_operands.h): unit u = 4 kb + t of a row's chunk is lane t's 8 values of block kb.
         // Consecutive lanes read one row's 256 contiguous bytes; no scales. Only the valid rows:
@@ -275,7 +299,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         }
       }
       fill.Advance(stages);
-      if constexpr (kBf16) {
+      if constexpr (kGenericB) {
         // The consumers read B with generic loads (mma.sync), so no proxy fence is due: each
         // lane's arrival completes when its copies land, and the stage is full without waiting
         // for the producer to come back to it.
@@ -293,19 +317,72 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
   release_all();
 }
 
+// ---- a task's end, shared by the consumers of both kernels ------------------------------------
+
+// The fused epilogues of the task's kTiles tiles, by one warpgroup (warps 0-3), from
+// red[tile row 64 s + r][token] (`pitch` floats per row) complete and visible.
+template <int BM, int kTiles, bool kBf16Out>
+__device__ __forceinline__ void TaskEpilogues(const LayerParams& p, const TaskDesc& d,
+                                              const float* red, int pitch) {
+  constexpr int64_t kActBytes = kBf16Out ? 2 : 1;  // of h_q, hs_q
+  const int I = p.dims.intermediate;
+  const int Is = p.dims.shared_intermediate;
+  const int64_t first = static_cast<int64_t>(d.block) * BM;
+#pragma unroll
+  for (int s = 0; s < kTiles; ++s) {
+    const float* red_tile = red + s * kTileRows * pitch;
+    auto red_at = [red_tile, pitch](int r, int n) { return red_tile[r * pitch + n]; };
+    const int tile = d.tile + s;
+    switch (d.kind) {
+      case kSharedW1:
+        SwigluEpilogue<4, kBf16Out>(p, red_at, d.rows, tile, Is, nullptr,
+                                    p.hs_q + first * Is * kActBytes, p.hs_s + first * (Is / 32));
+        break;
+      case kRoutedW1:
+        SwigluEpilogue<4, kBf16Out>(p, red_at, d.rows, tile, I, p.meta + first,
+                                    p.h_q + first * I * kActBytes, p.h_s + first * (I / 32));
+        break;
+      case kSharedW2:
+        ScatterEpilogue<4>(p, red_at, d.rows, tile, nullptr, d.block * BM);
+        break;
+      default:
+        ScatterEpilogue<4>(p, red_at, d.rows, tile, p.meta + first, 0);
+        break;
+    }
+  }
+}
+
+// Thread 0, once the warpgroup's stores of the task are issued (after its barrier): the trace
+// entry, and the task's completion: the W1 outputs to the block's W2 tasks, the ring slot (W1 has
+// read it) back to role1.
+__device__ __forceinline__ void FinishTask(const LayerParams& p, const TaskDesc& d, int tiles,
+                                           uint64_t start_ns) {
+  if (threadIdx.x != 0) return;
+  if (p.task_trace != nullptr && d.task < p.task_trace_cap) {
+    p.task_trace[d.task].start_ns = start_ns;
+    p.task_trace[d.task].done_ns = GlobalTimerNs();
+  }
+  if (d.kind == kRoutedW1) {
+    __threadfence();
+    RedAddReleaseGpu(&p.w1_done[d.block], tiles);
+    RedAddReleaseGpu(&p.ring_empty[d.block % p.ring_blocks], tiles);
+  } else if (d.kind == kSharedW1) {
+    __threadfence();
+    RedAddReleaseGpu(&p.w1s_done[d.block], tiles);
+  }
+}
+
 // ---- consumers --------------------------------------------------------------------------------
 
 template <int BM, GemmKernel kKernel>
 __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
                           float* red_buffer, Barriers& bars) {
-  constexpr int64_t kActBytes = kKernel == GemmKernel::kStreamBf16 ? 2 : 1;  // of h_q, hs_q
   constexpr int kTiles = Role2TilesPerTask(kKernel, BM);
   constexpr int kAcc = kTiles * BM / 2;  // per tile s: acc[s * BM / 2 ..]
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int I = p.dims.intermediate;
   const int Is = p.dims.shared_intermediate;
   const int a_region = kTiles * ARegionBytes(Is > 0);  // B follows the task's tiles
   const bool red_in_stage = RedInStage(kKernel, BM, Is > 0);
@@ -361,31 +438,7 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
       }
     }
     NamedBarrier(kConsumerBarrierId, kConsumerThreads);  // red complete
-    const int64_t first = static_cast<int64_t>(d.block) * BM;
-#pragma unroll
-    for (int s = 0; s < kTiles; ++s) {
-      const float* red_tile = red + s * kTileRows * RedPitch(BM);
-      auto red_at = [red_tile](int r, int n) { return red_tile[r * RedPitch(BM) + n]; };
-      const int tile = d.tile + s;
-      switch (d.kind) {
-        case kSharedW1:
-          SwigluEpilogue<4, kKernel == GemmKernel::kStreamBf16>(
-              p, red_at, d.rows, tile, Is, nullptr, p.hs_q + first * Is * kActBytes,
-              p.hs_s + first * (Is / 32));
-          break;
-        case kRoutedW1:
-          SwigluEpilogue<4, kKernel == GemmKernel::kStreamBf16>(
-              p, red_at, d.rows, tile, I, p.meta + first, p.h_q + first * I * kActBytes,
-              p.h_s + first * (I / 32));
-          break;
-        case kSharedW2:
-          ScatterEpilogue<4>(p, red_at, d.rows, tile, nullptr, d.block * BM);
-          break;
-        default:
-          ScatterEpilogue<4>(p, red_at, d.rows, tile, p.meta + first, 0);
-          break;
-      }
-    }
+    TaskEpilogues<BM, kTiles, kKernel == GemmKernel::kStreamBf16>(p, d, red, RedPitch(BM));
     // Every consumer's stores of the task are issued and red may be overwritten. bar.sync is
     // CTA-scope synchronization and the release below is cumulative, so thread 0's release
     // covers the other consumers' W1 outputs.
@@ -394,24 +447,128 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
       FenceProxyAsyncShared();  // behind this thread's accesses of the stage (the refill)
       MbarArrive(SmemAddr(&bars.empty[held]));
     }
-    if (threadIdx.x == 0 && p.task_trace != nullptr && d.task < p.task_trace_cap) {
-      p.task_trace[d.task].start_ns = start_ns;
-      p.task_trace[d.task].done_ns = GlobalTimerNs();
-    }
-    if (threadIdx.x == 0) {
-      if (d.kind == kRoutedW1) {
-        __threadfence();
-        RedAddReleaseGpu(&p.w1_done[d.block], kTiles);
-        RedAddReleaseGpu(&p.ring_empty[d.block % p.ring_blocks], kTiles);
-      } else if (d.kind == kSharedW1) {
-        __threadfence();
-        RedAddReleaseGpu(&p.w1s_done[d.block], kTiles);
-      }
-    }
+    FinishTask(p, d, kTiles, start_ns);
   }
   // Partials scattered into peers' combine buffers must have reached them before role3 (a
   // later kernel) announces them; a kernel boundary does not order stores to another GPU.
   if (p.dims.world_size > 1) __threadfence_system();
+}
+
+// ---- the decoded-tile kernel (bf16 at BM 64: decoded_wgmma_sm90.cuh) --------------------------
+
+// Waits for task descriptor `desc_iter` and hands its slot back (both warpgroups read it).
+__device__ __forceinline__ TaskDesc TakeDescriptor(DecodedBarriers& bars, uint32_t desc_iter,
+                                                   uint64_t mbar_timeout, const WaitEnv& env) {
+  const int ds = desc_iter % kDescSlots;
+  MbarWait(SmemAddr(&bars.ring.desc_full[ds]), (desc_iter / kDescSlots) & 1, mbar_timeout, env,
+           2 * kMaxStages + ds);
+  const TaskDesc d = bars.ring.desc[ds];
+  MbarArrive(SmemAddr(&bars.ring.desc_empty[ds]));
+  return d;
+}
+
+__device__ void DecodeWarpgroup(const LayerParams& p, uint8_t* stage_base, int stages,
+                                int stage_bytes, uint8_t* decoded, DecodedBarriers& bars) {
+  const int a_region = 2 * ARegionBytes(p.dims.shared_intermediate > 0);
+  const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
+  const WaitEnv env = MakeWaitEnv(p, 2);
+  const int tile = threadIdx.x / kConsumerThreads - 1;  // this warpgroup's tile of every task
+  RingCursor ring;
+  RingCursor dec;
+  for (uint32_t desc_iter = 0;; ++desc_iter) {
+    const TaskDesc d = TakeDescriptor(bars, desc_iter, mbar_timeout, env);
+    if (d.kind < 0) break;
+    if (d.kind == kRoutedW1 || d.kind == kRoutedW2) {
+      DecodeTask<true>(d, stage_base, stages, stage_bytes, a_region, decoded, bars, mbar_timeout,
+                       env, ring, dec, tile);
+    } else {
+      DecodeTask<false>(d, stage_base, stages, stage_bytes, a_region, decoded, bars, mbar_timeout,
+                        env, ring, dec, tile);
+    }
+  }
+}
+
+__device__ void MmaWarpgroup(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
+                             const uint8_t* decoded, float* red, DecodedBarriers& bars) {
+  constexpr int BM = kDecodedBm;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int a_region = 2 * ARegionBytes(p.dims.shared_intermediate > 0);
+  const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
+  const WaitEnv env = MakeWaitEnv(p, 2);
+  RingCursor ring;
+  RingCursor dec;
+  for (uint32_t desc_iter = 0;; ++desc_iter) {
+    const TaskDesc d = TakeDescriptor(bars, desc_iter, mbar_timeout, env);
+    if (d.kind < 0) break;
+    const uint64_t start_ns = p.task_trace != nullptr ? GlobalTimerNs() : 0;
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    MmaTask(d, stage_base, stages, stage_bytes, a_region, decoded, bars, mbar_timeout, env, acc,
+            ring, dec);
+    if (d.scale_shift != 0) {
+      const float undo = FloatFromBits(static_cast<uint32_t>(127 + d.scale_shift) << 23);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[i] *= undo;  // exact: a power of two
+    }
+    // red[weight row][token]: acc[4j + q] is token 16 warp + g + 8 (q >> 1), row 8j + 2t + (q & 1).
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        red[(8 * j + 2 * t + (q & 1)) * kDecodedRedPitch + 16 * warp + g + 8 * (q >> 1)] =
+            acc[4 * j + q];
+      }
+    }
+    NamedBarrier(kMmaBarrierId, kConsumerThreads);  // red complete
+    TaskEpilogues<BM, 2, true>(p, d, red, kDecodedRedPitch);
+    // Every store of the task is issued and red may be overwritten; thread 0's release below is
+    // cumulative over the warpgroup's W1 outputs (bar.sync is CTA-scope synchronization).
+    NamedBarrier(kMmaBarrierId, kConsumerThreads);
+    FinishTask(p, d, 2, start_ns);
+  }
+  if (p.dims.world_size > 1) __threadfence_system();
+}
+
+__global__ void __launch_bounds__(kDecodedThreads, 1)
+    GroupedGemmDecodedKernel(const __grid_constant__ LayerParams p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // The swizzled layouts need 1024-aligned atoms (DecodedSmemBytes reserves the slack).
+  uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
+  const int stages = p.r2_stages;
+  const int stage_bytes = DecodedInputStageBytes(p.dims.shared_intermediate > 0);
+  uint8_t* decoded = smem + static_cast<size_t>(stages) * stage_bytes;
+  float* red = reinterpret_cast<float*>(decoded + kDecodedStages * kDecodedStageBytes);
+  DecodedBarriers& bars =
+      *reinterpret_cast<DecodedBarriers*>(reinterpret_cast<uint8_t*>(red) + kDecodedRedBytes);
+  if (threadIdx.x == 0) {
+    if (p.smid_log != nullptr) p.smid_log[p.role1_grid + blockIdx.x] = SmId();
+    for (int s = 0; s < stages; ++s) {
+      MbarInit(SmemAddr(&bars.ring.full[s]), kFullArrivals);
+      MbarInit(SmemAddr(&bars.ring.empty[s]), kDecodedEmptyArrivals);
+    }
+    for (int i = 0; i < kDescSlots; ++i) {
+      MbarInit(SmemAddr(&bars.ring.desc_full[i]), 1);
+      MbarInit(SmemAddr(&bars.ring.desc_empty[i]), kDecodedEmptyArrivals);
+    }
+    for (int i = 0; i < kDecodedStages; ++i) {
+      MbarInit(SmemAddr(&bars.dec_full[i]), kDecodeWarpgroups * kConsumerThreads);
+      MbarInit(SmemAddr(&bars.dec_empty[i]), kConsumerThreads);
+    }
+    FenceMbarInit();
+  }
+  __syncthreads();
+  if (threadIdx.x >= (1 + kDecodeWarpgroups) * kConsumerThreads) {
+    Producer<kDecodedBm, GemmKernel::kStreamBf16, true>(p, smem, stages, stage_bytes, bars.ring);
+  } else if (threadIdx.x >= kConsumerThreads) {
+    DecodeWarpgroup(p, smem, stages, stage_bytes, decoded, bars);
+  } else {
+    MmaWarpgroup(p, smem, stages, stage_bytes, decoded, red, bars);
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // as GroupedGemmStreamKernel
 }
 
 // Register cap: each of an SM's 4 schedulers owns a quarter of the register file and a CTA's
@@ -477,7 +634,7 @@ StreamKernel KernelFor(int bm) {
 
 // The streaming kernels: every GemmKernel but the stepping stone.
 constexpr GemmKernel kStreamKernels[] = {GemmKernel::kStreamMma, GemmKernel::kStreamWgmma,
-                                         GemmKernel::kStreamBf16};
+                                         GemmKernel::kStreamBf16, GemmKernel::kDecodedBf16};
 
 StreamKernel KernelFor(GemmKernel kernel, int bm) {
   switch (kernel) {
@@ -487,6 +644,8 @@ StreamKernel KernelFor(GemmKernel kernel, int bm) {
       return KernelFor<GemmKernel::kStreamWgmma>(bm);
     case GemmKernel::kStreamBf16:
       return KernelFor<GemmKernel::kStreamBf16>(bm);
+    case GemmKernel::kDecodedBf16:
+      return bm == kDecodedBm ? GroupedGemmDecodedKernel : KernelFor<GemmKernel::kStreamBf16>(bm);
     default:
       return nullptr;
   }
@@ -520,12 +679,18 @@ cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel which, int bm, Rol
   const StreamKernel kernel = KernelFor(which, bm);
   if (kernel == nullptr) return cudaErrorInvalidValue;
   const bool has_shared = dims.shared_intermediate > 0;
-  // As many stages as fit the shared memory of TargetCtasPerSm resident CTAs.
-  int stages = StagesFitting(which, bm, has_shared, RedInStage(which, bm, has_shared));
+  const bool decoded = which == GemmKernel::kDecodedBf16 && bm == kDecodedBm;
+  // Below BM 64 `decoded` runs the bf16 kernels.
+  if (which == GemmKernel::kDecodedBf16) which = GemmKernel::kStreamBf16;
+  // As many stages as fit the shared memory of TargetCtasPerSm resident CTAs (the decoded-tile
+  // kernel: one, beside its decoded stages).
+  int stages = decoded ? DecodedInputStages(has_shared)
+                       : StagesFitting(which, bm, has_shared, RedInStage(which, bm, has_shared));
   stages = stages < kMinStages ? kMinStages : (stages > kMaxStages ? kMaxStages : stages);
-  shape->threads = kStreamThreads;
+  shape->threads = decoded ? kDecodedThreads : kStreamThreads;
   shape->stages = stages;
-  shape->smem_bytes = StreamSmemBytes(which, bm, has_shared, stages);
+  shape->smem_bytes = decoded ? DecodedSmemBytes(has_shared, stages)
+                              : StreamSmemBytes(which, bm, has_shared, stages);
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&shape->blocks_per_sm, kernel,
                                                        kStreamThreads, shape->smem_bytes);
 }

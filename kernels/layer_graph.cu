@@ -39,6 +39,8 @@ const char* GemmKernelName(GemmKernel kernel) {
       return "wgmma";
     case GemmKernel::kStreamBf16:
       return "bf16";
+    case GemmKernel::kDecodedBf16:
+      return "decoded";
   }
   return "unknown";
 }
@@ -214,7 +216,7 @@ cudaError_t LayerGraph::Allocate() {
   combine_ = reinterpret_cast<uint16_t*>(exchange_ + exchange_offsets[3]);
   sig_ = reinterpret_cast<Signals*>(exchange_ + exchange_offsets[4]);
   // The bf16 role2 reads BF16 activation rows (LayerParams::act_bf16): twice the bytes.
-  const bool bf16 = options_.gemm == GemmKernel::kStreamBf16;
+  const bool bf16 = UsesBf16Operands(options_.gemm);
   const int64_t act_bytes = bf16 ? 2 : 1;
   alloc(&ring_, static_cast<int64_t>(ring_rows_) * H * act_bytes);
   alloc(&ring_scales_, static_cast<int64_t>(ring_rows_) * H / 32 + 16);
@@ -274,7 +276,7 @@ LayerParams LayerGraph::Params(int bm_index) const {
   p.role2_grid = role2_grid(bm);
   p.r2_stages = role2_shape_[bm_index].stages;
   p.r2_tiles_per_task = Role2TilesPerTask(options_.gemm, bm);
-  p.act_bf16 = options_.gemm == GemmKernel::kStreamBf16 ? 1 : 0;
+  p.act_bf16 = UsesBf16Operands(options_.gemm) ? 1 : 0;
   p.header = header_;
   p.blocks = blocks_;
   p.routes = routes_;

@@ -44,7 +44,19 @@ enum class GemmKernel : int {
   // (docs/PERFORMANCE.md). Needs its own lane-word placement (TileFormat::kE2M1Bf16); block
   // scales above its multipliers' range load shifted (StepHeader::scale_shift).
   kStreamBf16 = 3,
+  // Opt-in (`decoded`): kStreamBf16, except that BM 64 runs the decoded-tile kernel
+  // (decoded_wgmma_sm90.cuh): a decode warpgroup per tile writes the task's weights once as BF16
+  // tiles in shared memory, and one MMA warpgroup multiplies them with all 64 tokens of the block
+  // by shared-memory wgmma m64n128k16. Same operands and numerics as kStreamBf16; measured
+  // 1.3-2.0x slower than kStreamBf16's BM 32 at 64-256 tokens per rank (docs/PERFORMANCE.md,
+  // session 9), latency-bound for a reason not yet found.
+  kDecodedBf16 = 4,
 };
+// Kernels reading exact BF16 operands: the kE2M1Bf16 weight tiles and BF16 activation rows
+// (LayerParams::act_bf16).
+GCMOE_HOST_DEVICE constexpr bool UsesBf16Operands(GemmKernel kernel) {
+  return kernel == GemmKernel::kStreamBf16 || kernel == GemmKernel::kDecodedBf16;
+}
 const char* GemmKernelName(GemmKernel kernel);
 
 // Weight tiles one role2 task covers: two adjacent tiles for the bf16 kernel at BM >= 16, where
@@ -55,7 +67,7 @@ const char* GemmKernelName(GemmKernel kernel);
 // 1.04-1.09x at GLM-5.2 T = 16..64 and 1.03-1.07x at DeepSeek-V4.1-Flash T = 4..64, against
 // 0.96x at GLM-5.2 T = 8 (measured with BM 16 pinned, H200, 2026-12-01).
 GCMOE_HOST_DEVICE constexpr int Role2TilesPerTask(GemmKernel kernel, int bm) {
-  return kernel == GemmKernel::kStreamBf16 && bm >= 16 ? 2 : 1;
+  return UsesBf16Operands(kernel) && bm >= 16 ? 2 : 1;
 }
 
 // Launch shape of role2 for one block size.

@@ -1,6 +1,7 @@
 // Hopper (sm_90a) asynchronous primitives the warp-specialized grouped GEMM is built from:
 // mbarriers, bulk global->shared copies completing on an mbarrier, cp.async arrivals, proxy
-// fences, named barriers and register-A wgmma m64nNk32 E4M3 with its shared-memory descriptor.
+// fences, named barriers, register-A wgmma m64nNk32 E4M3 and shared-memory wgmma m64n128k16
+// BF16, with their shared-memory descriptor.
 // Thin PTX wrappers; the protocols that use them are documented where they are used.
 #pragma once
 
@@ -121,6 +122,18 @@ __device__ __forceinline__ uint64_t SmemDescNoSwizzle(uint32_t addr, uint32_t lb
          (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32);
 }
+// Descriptor of a K-major operand in shared memory with the 128-byte swizzle: rows of 128 bytes
+// (64 BF16 of K) in atoms of 8 rows (1024 bytes, 1024-aligned), 16-byte unit j of row r stored at
+// unit j ^ (r % 8); consecutive 8-row groups 1024 bytes apart. `addr` is the atom's base plus the
+// K offset of the step within the row (a multiple of 32 bytes for K16 BF16).
+__device__ __forceinline__ uint64_t SmemDescSwizzle128(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+// Byte offset of 16-byte unit `unit` (of 8 per 128-byte row) of row `row` in that layout.
+__host__ __device__ constexpr uint32_t Swizzle128Offset(int row, int unit) {
+  return static_cast<uint32_t>(row * 128 + ((unit ^ (row & 7)) << 4));
+}
 __device__ __forceinline__ void WgmmaFence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
@@ -198,5 +211,28 @@ struct WgmmaE4m3<64> {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(0));
   }
 };
+
+// D (m64 x n128, FP32 in d[0..63]) += A (m64 x k16 BF16) x B (k16 x n128 BF16), both K-major in
+// shared memory by descriptor (no transposes).
+__device__ __forceinline__ void WgmmaBf16SsN128(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, %64, %65, 1, 1, 1, 0, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b));
+}
 
 }  // namespace gcmoe::kernels
