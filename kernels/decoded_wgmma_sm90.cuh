@@ -24,7 +24,10 @@
 //   input stages (1024-aligned): the block's BF16 token rows (kDecodedTokenBytes: [K half][token]
 //     [128 bytes], cp.async by 16-byte unit), then the task's raw weight chunks (bulk copy).
 //     full: 33 arrivals (the producer's expect_tx and one cp.async arrival per lane: the MMA
-//     warpgroup fences the proxies after acquiring, MmaTask); empty: 384 (the decode
+//     warpgroup fences the proxies after acquiring, MmaTask; that an acquiring thread's proxy
+//     fence covers writes another thread made visible to it is our reading of the PTX memory
+//     model, not a documented pattern; the FP8 kernels' producer-side fence is the conservative
+//     form, 1.4x slower here); empty: 384 (the decode
 //     warpgroups once they decoded the chunk, the MMA warpgroup once its wgmma read the tokens).
 //   decoded stages (kDecodedStages): the chunk's 128 x 128 BF16 weights, [K half][row][128
 //     bytes]. full: 256 decode arrivals after a proxy fence (generic stores, async-proxy reads);
