@@ -10,6 +10,7 @@
 
 #include "kernels/host_device.h"
 #include "kernels/scale_bytes.h"
+#include "kernels/weight_tiles_sm90.h"
 
 namespace gcmoe::kernels {
 
@@ -91,6 +92,28 @@ GCMOE_HOST_DEVICE inline uint32_t MulBf16x2(uint32_t a, uint32_t b) {
   }
   return d;
 #endif
+}
+
+// One weight row's 8 values of a K32 block as exact BF16 (four BF16x2 registers, in MMA column
+// order: the block's logical positions 4t..4t+3, then 16+4t..16+4t+3, of lane t), from its codes
+// and its multiplier (BiasedScaleBytePair). kFp4: words[0] is the row's E2M1 lane word
+// (TileFormat::kE2M1Bf16); otherwise words[0], words[1] are its E4M3 low and high runs. Register
+// i is the A fragment's register of K16 step i / 2 at columns 2t (i even) or 2t + 8 (i odd).
+template <bool kFp4>
+GCMOE_HOST_DEVICE inline void DecodeWeightUnit(const uint32_t* words, uint32_t multiplier,
+                                               uint32_t (&unit)[4]) {
+  if constexpr (kFp4) {
+    const Bf16Quad q = DecodeE2m1Bf16Word(words[0]);
+    unit[0] = MulBf16x2(q.r[0], multiplier);
+    unit[1] = MulBf16x2(q.r[1], multiplier);
+    unit[2] = MulBf16x2(q.r[2], multiplier);
+    unit[3] = MulBf16x2(q.r[3], multiplier);
+  } else {
+    unit[0] = MulBf16x2(E4m3PairToBf16(words[0], 0), multiplier);
+    unit[1] = MulBf16x2(E4m3PairToBf16(words[0], 1), multiplier);
+    unit[2] = MulBf16x2(E4m3PairToBf16(words[1], 0), multiplier);
+    unit[3] = MulBf16x2(E4m3PairToBf16(words[1], 1), multiplier);
+  }
 }
 
 // One 32-value block: its E4M3 codes (8 words, logical order: word q holds positions

@@ -61,7 +61,6 @@ inline constexpr int kDecodedTokenBytes = 2 * kDecodedTokenHalfBytes;
 inline constexpr int kDecodedStages = 2;
 inline constexpr int kDecodeWarpgroups = 2;  // one per tile of the task
 inline constexpr int kDecodedThreads = (1 + kDecodeWarpgroups) * kConsumerThreads + 32;
-inline constexpr uint32_t kMmaBarrierId = 1;
 inline constexpr int kDecodedEmptyArrivals = (1 + kDecodeWarpgroups) * kConsumerThreads;
 // The task's FP32 results, red[weight row 0..127][token], padded against conflicts.
 inline constexpr int kDecodedRedPitch = kDecodedBm + 1;
@@ -137,29 +136,18 @@ __device__ __forceinline__ void DecodeTask(const TaskDesc& d, const uint8_t* sta
         const uint32_t sw_word = step < 2 ? sw.x : sw.y;  // kb < 2 as well
         const uint32_t f_g = BiasedScaleBytePair(sw_word, (kb & 1) * 2);
         const uint32_t f_g8 = BiasedScaleBytePair(sw_word, (kb & 1) * 2 + 1);
+        // Block kb's words (selected, not indexed: w stays in registers): FP4, one lane word per
+        // row; E4M3, row g's low and high runs, then row g + 8's.
+        constexpr int kBlockWords = kFp4 ? 2 : 4;
+        uint32_t wk[kBlockWords];
+#pragma unroll
+        for (int i = 0; i < kBlockWords; ++i) {
+          wk[i] = swap ? w[(step ^ 1) * kBlockWords + i] : w[step * kBlockWords + i];
+        }
         uint32_t u_g[4];
         uint32_t u_g8[4];
-        if constexpr (kFp4) {
-          const uint32_t w_g = swap ? w[(step ^ 1) * 2] : w[step * 2];
-          const uint32_t w_g8 = swap ? w[(step ^ 1) * 2 + 1] : w[step * 2 + 1];
-          const Bf16Quad q_g = DecodeE2m1Bf16Word(w_g);
-          const Bf16Quad q_g8 = DecodeE2m1Bf16Word(w_g8);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            u_g[i] = MulBf16x2(q_g.r[i], f_g);
-            u_g8[i] = MulBf16x2(q_g8.r[i], f_g8);
-          }
-        } else {
-          // E4M3 words of the block: row g low run, row g high run, row g + 8 low, high.
-          uint32_t wk[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) wk[i] = swap ? w[(step ^ 1) * 4 + i] : w[step * 4 + i];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            u_g[i] = MulBf16x2(E4m3PairToBf16(wk[i >> 1], i & 1), f_g);
-            u_g8[i] = MulBf16x2(E4m3PairToBf16(wk[2 + (i >> 1)], i & 1), f_g8);
-          }
-        }
+        DecodeWeightUnit<kFp4>(&wk[0], f_g, u_g);
+        DecodeWeightUnit<kFp4>(&wk[kBlockWords / 2], f_g8, u_g8);
         // Unit 4 kb + t of the chunk: K half kb / 2, unit 4 (kb % 2) + t of its 128-byte row.
         uint8_t* half = out + (kb >> 1) * kDecodedHalfBytes;
         const int unit = 4 * (kb & 1) + t;

@@ -372,6 +372,17 @@ __device__ __forceinline__ void FinishTask(const LayerParams& p, const TaskDesc&
   }
 }
 
+// Waits for task descriptor `desc_iter` and hands its slot back (every consumer thread reads it).
+__device__ __forceinline__ TaskDesc TakeDescriptor(Barriers& bars, uint32_t desc_iter,
+                                                   uint64_t mbar_timeout, const WaitEnv& env) {
+  const int ds = desc_iter % kDescSlots;
+  MbarWait(SmemAddr(&bars.desc_full[ds]), (desc_iter / kDescSlots) & 1, mbar_timeout, env,
+           2 * kMaxStages + ds);
+  const TaskDesc d = bars.desc[ds];
+  MbarArrive(SmemAddr(&bars.desc_empty[ds]));
+  return d;
+}
+
 // ---- consumers --------------------------------------------------------------------------------
 
 template <int BM, GemmKernel kKernel>
@@ -390,11 +401,7 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
   const WaitEnv env = MakeWaitEnv(p, 2);
   RingCursor ring;
   for (uint32_t desc_iter = 0;; ++desc_iter) {
-    const int ds = desc_iter % kDescSlots;
-    MbarWait(SmemAddr(&bars.desc_full[ds]), (desc_iter / kDescSlots) & 1, mbar_timeout, env,
-             2 * kMaxStages + ds);
-    const TaskDesc d = bars.desc[ds];
-    MbarArrive(SmemAddr(&bars.desc_empty[ds]));
+    const TaskDesc d = TakeDescriptor(bars, desc_iter, mbar_timeout, env);
     if (d.kind < 0) break;
     const uint64_t start_ns = p.task_trace != nullptr ? GlobalTimerNs() : 0;
 
@@ -456,17 +463,6 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
 
 // ---- the decoded-tile kernel (bf16 at BM 64: decoded_wgmma_sm90.cuh) --------------------------
 
-// Waits for task descriptor `desc_iter` and hands its slot back (both warpgroups read it).
-__device__ __forceinline__ TaskDesc TakeDescriptor(DecodedBarriers& bars, uint32_t desc_iter,
-                                                   uint64_t mbar_timeout, const WaitEnv& env) {
-  const int ds = desc_iter % kDescSlots;
-  MbarWait(SmemAddr(&bars.ring.desc_full[ds]), (desc_iter / kDescSlots) & 1, mbar_timeout, env,
-           2 * kMaxStages + ds);
-  const TaskDesc d = bars.ring.desc[ds];
-  MbarArrive(SmemAddr(&bars.ring.desc_empty[ds]));
-  return d;
-}
-
 __device__ void DecodeWarpgroup(const LayerParams& p, uint8_t* stage_base, int stages,
                                 int stage_bytes, uint8_t* decoded, DecodedBarriers& bars) {
   const int a_region = 2 * ARegionBytes(p.dims.shared_intermediate > 0);
@@ -476,7 +472,7 @@ __device__ void DecodeWarpgroup(const LayerParams& p, uint8_t* stage_base, int s
   RingCursor ring;
   RingCursor dec;
   for (uint32_t desc_iter = 0;; ++desc_iter) {
-    const TaskDesc d = TakeDescriptor(bars, desc_iter, mbar_timeout, env);
+    const TaskDesc d = TakeDescriptor(bars.ring, desc_iter, mbar_timeout, env);
     if (d.kind < 0) break;
     if (d.kind == kRoutedW1 || d.kind == kRoutedW2) {
       DecodeTask<true>(d, stage_base, stages, stage_bytes, a_region, decoded, bars, mbar_timeout,
@@ -501,7 +497,7 @@ __device__ void MmaWarpgroup(const LayerParams& p, uint8_t* stage_base, int stag
   RingCursor ring;
   RingCursor dec;
   for (uint32_t desc_iter = 0;; ++desc_iter) {
-    const TaskDesc d = TakeDescriptor(bars, desc_iter, mbar_timeout, env);
+    const TaskDesc d = TakeDescriptor(bars.ring, desc_iter, mbar_timeout, env);
     if (d.kind < 0) break;
     const uint64_t start_ns = p.task_trace != nullptr ? GlobalTimerNs() : 0;
     float acc[64];
@@ -523,11 +519,11 @@ __device__ void MmaWarpgroup(const LayerParams& p, uint8_t* stage_base, int stag
             acc[4 * j + q];
       }
     }
-    NamedBarrier(kMmaBarrierId, kConsumerThreads);  // red complete
+    NamedBarrier(kConsumerBarrierId, kConsumerThreads);  // red complete
     TaskEpilogues<BM, 2, true>(p, d, red, kDecodedRedPitch);
     // Every store of the task is issued and red may be overwritten; thread 0's release below is
     // cumulative over the warpgroup's W1 outputs (bar.sync is CTA-scope synchronization).
-    NamedBarrier(kMmaBarrierId, kConsumerThreads);
+    NamedBarrier(kConsumerBarrierId, kConsumerThreads);
     FinishTask(p, d, 2, start_ns);
   }
   if (p.dims.world_size > 1) __threadfence_system();
@@ -692,7 +688,7 @@ cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel which, int bm, Rol
   shape->smem_bytes = decoded ? DecodedSmemBytes(has_shared, stages)
                               : StreamSmemBytes(which, bm, has_shared, stages);
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&shape->blocks_per_sm, kernel,
-                                                       kStreamThreads, shape->smem_bytes);
+                                                       shape->threads, shape->smem_bytes);
 }
 
 cudaError_t LaunchStreamGemmRole2(const LayerParams& params, GemmKernel which,

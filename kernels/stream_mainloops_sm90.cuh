@@ -242,26 +242,18 @@ __device__ __forceinline__ void MainloopBf16(const TaskDesc& d, const uint8_t* s
         const uint32_t sw_word = kb < 2 ? sw[tile].x : sw[tile].y;
         const uint32_t f_g = BiasedScaleBytePair(sw_word, (kb & 1) * 2);
         const uint32_t f_g8 = BiasedScaleBytePair(sw_word, (kb & 1) * 2 + 1);
-        if constexpr (kFp4) {
-          const Bf16Quad row_g = DecodeE2m1Bf16Word(w[tile][kb * 2]);
-          const Bf16Quad row_g8 = DecodeE2m1Bf16Word(w[tile][kb * 2 + 1]);
+        // Rows g and g + 8: FP4, one lane word each; E4M3, the block's words are row g's low
+        // and high runs, then row g + 8's.
+        uint32_t row_g[4];
+        uint32_t row_g8[4];
+        DecodeWeightUnit<kFp4>(&w[tile][kFp4 ? kb * 2 : kb * 4], f_g, row_g);
+        DecodeWeightUnit<kFp4>(&w[tile][kFp4 ? kb * 2 + 1 : kb * 4 + 2], f_g8, row_g8);
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            a[tile][h][0] = MulBf16x2(row_g.r[2 * h], f_g);
-            a[tile][h][1] = MulBf16x2(row_g8.r[2 * h], f_g8);
-            a[tile][h][2] = MulBf16x2(row_g.r[2 * h + 1], f_g);
-            a[tile][h][3] = MulBf16x2(row_g8.r[2 * h + 1], f_g8);
-          }
-        } else {
-          // E4M3 words of the block: row g low run, row g high run, row g + 8 low, high.
-          const uint32_t* wk = &w[tile][kb * 4];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            a[tile][h][0] = MulBf16x2(E4m3PairToBf16(wk[h], 0), f_g);
-            a[tile][h][1] = MulBf16x2(E4m3PairToBf16(wk[2 + h], 0), f_g8);
-            a[tile][h][2] = MulBf16x2(E4m3PairToBf16(wk[h], 1), f_g);
-            a[tile][h][3] = MulBf16x2(E4m3PairToBf16(wk[2 + h], 1), f_g8);
-          }
+        for (int h = 0; h < 2; ++h) {
+          a[tile][h][0] = row_g[2 * h];
+          a[tile][h][1] = row_g8[2 * h];
+          a[tile][h][2] = row_g[2 * h + 1];
+          a[tile][h][3] = row_g8[2 * h + 1];
         }
       }
 #pragma unroll

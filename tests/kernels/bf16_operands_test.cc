@@ -109,6 +109,42 @@ TEST(Bf16Operands, E4m3WeightTimesScaleIsExact) {
   }
 }
 
+// A weight row's unit of a K32 block, as both bf16 kernels build it: value e of lane t's unit is
+// the code at the block's logical position Bf16StepColumn^-1(8t + e) (4t + e, then 16 + 4t + e),
+// times the block scale, exactly; FP4 from one lane word, E4M3 from the row's two runs.
+TEST(Bf16Operands, WeightUnitIsTheExactScaledCodesInStepColumnOrder) {
+  std::mt19937 rng(31);
+  for (int trial = 0; trial < 2000; ++trial) {
+    // Within both multipliers' range, and large enough that every E4M3 product is a normal BF16
+    // (below, BF16 subnormals cannot hold them exactly: E4m3WeightTimesScaleIsExact).
+    const uint32_t scale = 10 + rng() % 100;
+    uint8_t lo[4], hi[4];
+    for (int e = 0; e < 4; ++e) lo[e] = rng() % 16, hi[e] = rng() % 16;
+    const uint32_t fp4_word = PlaceE2m1Bf16Word(lo, hi);
+    uint32_t fp4[4];
+    DecodeWeightUnit<true>(&fp4_word,
+                           BiasedScaleBytePair(BiasScaleBytes(scale, kE2m1Bf16ScaleBias), 0), fp4);
+    uint8_t e4m3_codes[8];
+    uint32_t runs[2] = {};
+    for (int e = 0; e < 8; ++e) {
+      do {
+        e4m3_codes[e] = static_cast<uint8_t>(rng());
+      } while (IsE4m3Nan(e4m3_codes[e]) || (e4m3_codes[e] & 0x78u) == 0);  // normals: exact
+      runs[e / 4] |= static_cast<uint32_t>(e4m3_codes[e]) << (8 * (e % 4));
+    }
+    uint32_t e4m3[4];
+    DecodeWeightUnit<false>(runs, BiasedScaleBytePair(BiasScaleBytes(scale, kE4m3Bf16ScaleBias), 0),
+                            e4m3);
+    const double unit = numerics::DecodeUE8M0(static_cast<uint8_t>(scale));
+    for (int e = 0; e < 8; ++e) {
+      const uint8_t code = e < 4 ? lo[e] : hi[e - 4];
+      ASSERT_EQ(Half(fp4[e / 2], e % 2), numerics::DecodeE2M1(code) * unit) << trial << " " << e;
+      ASSERT_EQ(Half(e4m3[e / 2], e % 2), numerics::DecodeE4M3(e4m3_codes[e]) * unit)
+          << trial << " " << e;
+    }
+  }
+}
+
 // An activation: decode, times 2^120, times its scale (the codes this engine's quantizers write,
 // 105 and up, and everything up to where BF16 overflows).
 TEST(Bf16Operands, E4m3ActivationTimesScaleIsExact) {
