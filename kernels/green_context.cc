@@ -8,6 +8,8 @@
 #include <mutex>
 #include <utility>
 
+#include "kernels/driver_entry.h"
+
 namespace gcmoe::kernels {
 namespace {
 
@@ -21,36 +23,25 @@ struct DriverApi {
   PFN_cuGreenCtxStreamCreate_v12050 green_stream_create = nullptr;
 };
 
-template <typename Fn>
-bool Resolve(const char* symbol, unsigned int version, Fn* fn) {
-  void* address = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(symbol, &address, version, cudaEnableDefault, &found) !=
-          cudaSuccess ||
-      found != cudaDriverEntryPointSuccess || address == nullptr) {
-    return false;
-  }
-  *fn = reinterpret_cast<Fn>(address);
-  return true;
-}
-
 // Empty string when every entry point resolved; else the first missing one.
 std::string ResolveAll(DriverApi* api) {
-  if (!Resolve("cuDeviceGet", 2000, &api->device_get)) return "cuDeviceGet";
-  if (!Resolve("cuDeviceGetDevResource", 12040, &api->device_get_resource)) {
+  if (!ResolveDriverEntry("cuDeviceGet", 2000, &api->device_get)) return "cuDeviceGet";
+  if (!ResolveDriverEntry("cuDeviceGetDevResource", 12040, &api->device_get_resource)) {
     return "cuDeviceGetDevResource";
   }
-  if (!Resolve("cuDevSmResourceSplitByCount", 12040, &api->split_by_count)) {
+  if (!ResolveDriverEntry("cuDevSmResourceSplitByCount", 12040, &api->split_by_count)) {
     return "cuDevSmResourceSplitByCount";
   }
-  if (!Resolve("cuDevResourceGenerateDesc", 12040, &api->generate_desc)) {
+  if (!ResolveDriverEntry("cuDevResourceGenerateDesc", 12040, &api->generate_desc)) {
     return "cuDevResourceGenerateDesc";
   }
-  if (!Resolve("cuGreenCtxCreate", 12040, &api->green_ctx_create)) return "cuGreenCtxCreate";
-  if (!Resolve("cuGreenCtxGetDevResource", 12040, &api->green_ctx_get_resource)) {
+  if (!ResolveDriverEntry("cuGreenCtxCreate", 12040, &api->green_ctx_create)) {
+    return "cuGreenCtxCreate";
+  }
+  if (!ResolveDriverEntry("cuGreenCtxGetDevResource", 12040, &api->green_ctx_get_resource)) {
     return "cuGreenCtxGetDevResource";
   }
-  if (!Resolve("cuGreenCtxStreamCreate", 12050, &api->green_stream_create)) {
+  if (!ResolveDriverEntry("cuGreenCtxStreamCreate", 12050, &api->green_stream_create)) {
     return "cuGreenCtxStreamCreate";
   }
   return "";
