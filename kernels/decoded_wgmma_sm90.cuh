@@ -10,28 +10,30 @@
 // decodes; a BF16 variant measured 1.2-1.5x slower than mma.sync (docs/PERFORMANCE.md, session
 // 9). Here the decode never waits on an MMA: the warpgroups meet only at the rings.
 //
-// Status: correct (every GPU test), and 1.3-2.0x slower than the bf16 kernel's BM 32 at 64-256
-// tokens per rank: about 1900 cycles per K128 chunk where its tensor work is 512. Ruled out by
-// measurement: the decode's throughput (a second decode warpgroup: no change), the operand
-// layout (non-swizzled against swizzled: no change), the weights' HBM latency (L2 prefetch 8
-// or 16 chunks ahead: no change) and the one accumulator chain (two m64n64 chains, one per tile:
-// 1.08x slower). docs/PERFORMANCE.md, session 9, has the numbers.
+// Status: correct (every GPU test), and 1.25-1.9x slower than the bf16 kernel's BM 32 at 64-256
+// tokens per rank (GLM-5.2 T = 64 / 256: 526 / 915 us against 277 / 724, H200, 2026-12-02).
+// Ruled out by measurement: the decode's throughput (a second decode warpgroup: no change), the
+// operand layout (non-swizzled against swizzled: no change), the weights' HBM latency (L2
+// prefetch 8 or 16 chunks ahead: no change), the one accumulator chain (two m64n64 chains, one
+// per tile: 1.08x slower), and per-thread barrier arrivals (one arrival per warp behind
+// __syncwarp: 1.04x slower). What paid: the token rows by TMA instead of one producer warp's
+// cp.async (1.22x at T = 256). docs/PERFORMANCE.md, sessions 9 and 10, has the numbers.
 //
 // CTA (one per SM) = MMA warpgroup (warps 0-3) + two decode warpgroups (warps 4-11, one per tile
 // of the task) + producer (warp 12, the streaming kernels' Producer). Both operands are K-major
 // with the 128-byte swizzle (SmemDescSwizzle128): each K128 chunk is two K halves of 64 values,
 // a row's half is one 128-byte row of the layout. Rings:
 //   input stages (1024-aligned): the block's BF16 token rows (kDecodedTokenBytes: [K half][token]
-//     [128 bytes], cp.async by 16-byte unit), then the task's raw weight chunks (bulk copy).
-//     full: 33 arrivals (the producer's expect_tx and one cp.async arrival per lane: the MMA
-//     warpgroup fences the proxies after acquiring, MmaTask; that an acquiring thread's proxy
-//     fence covers writes another thread made visible to it is our reading of the PTX memory
-//     model, not a documented pattern; the FP8 kernels' producer-side fence is the conservative
-//     form, 1.4x slower here); empty: 384 (the decode
-//     warpgroups once they decoded the chunk, the MMA warpgroup once its wgmma read the tokens).
-//   decoded stages (kDecodedStages): the chunk's 128 x 128 BF16 weights, [K half][row][128
-//     bytes]. full: 256 decode arrivals after a proxy fence (generic stores, async-proxy reads);
-//     empty: 128 MMA arrivals after the wgmma that read it completed.
+//     [128 bytes], one TMA box of 64 rows per K half, tma_map.h: the swizzle is the map's), then
+//     the task's raw weight chunks (bulk copy). full: 1 arrival, the producer's expect_tx of
+//     every byte (both copies are async-proxy writes, as wgmma reads them: no proxy fence);
+//     empty: 384 (the decode warpgroups once they decoded the chunk, the MMA warpgroup once the
+//     wgmma of its second K half completed).
+//   decoded stages (kDecodedStages, one K half each: 128 rows x [128 bytes]): full: 256 decode
+//     arrivals after a proxy fence (generic stores, async-proxy reads); empty: 128 MMA arrivals
+//     after the wgmma group that read it completed. Half stages hold what two whole-chunk
+//     stages held (64 KiB) and let the decode run three halves ahead; in the cp.async build they
+//     measured 1.01x slower than whole stages, and the TMA build was measured with them only.
 // A decode lane 4g + t stores unit 4kb + t of rows g and g + 8 of its stripe; under the swizzle the
 // units of K32 blocks kb and kb ^ 1 of rows g and g ^ 1 would share bank groups, so lanes of odd
 // g store the blocks in the order 1, 0, 3, 2: every 8-lane phase of a store is conflict-free.
@@ -54,11 +56,11 @@ namespace gcmoe::kernels::stream_role2 {
 
 inline constexpr int kDecodedBm = 64;
 inline constexpr int kDecodedRows = 2 * kTileRows;            // weight rows per task (two tiles)
-inline constexpr int kDecodedHalfBytes = kDecodedRows * 128;  // one K half of a decoded stage
-inline constexpr int kDecodedStageBytes = 2 * kDecodedHalfBytes;
+inline constexpr int kDecodedHalfBytes = kDecodedRows * 128;  // one K half of a chunk
+inline constexpr int kDecodedStageBytes = kDecodedHalfBytes;  // a decoded stage: one K half
 inline constexpr int kDecodedTokenHalfBytes = kDecodedBm * 128;
 inline constexpr int kDecodedTokenBytes = 2 * kDecodedTokenHalfBytes;
-inline constexpr int kDecodedStages = 2;
+inline constexpr int kDecodedStages = 4;
 inline constexpr int kDecodeWarpgroups = 2;  // one per tile of the task
 inline constexpr int kDecodedThreads = (1 + kDecodeWarpgroups) * kConsumerThreads + 32;
 inline constexpr int kDecodedEmptyArrivals = (1 + kDecodeWarpgroups) * kConsumerThreads;
@@ -91,7 +93,8 @@ static_assert(DecodedInputStages(true) >= kMinStages);
 static_assert(kDecodedStageBytes % 1024 == 0 && kDecodedTokenBytes % 1024 == 0);
 
 // A decode warpgroup's K loop of one task: per chunk, warp w of warpgroup `tile` decodes stripe w
-// of that tile (the rows the streaming kernels' consumer warp w holds) into the decoded stage.
+// of that tile (the rows the streaming kernels' consumer warp w holds) into two decoded stages,
+// one per K half.
 template <bool kFp4>
 __device__ __forceinline__ void DecodeTask(const TaskDesc& d, const uint8_t* stage_base, int stages,
                                            int stage_bytes, int a_region, uint8_t* decoded,
@@ -110,12 +113,9 @@ __device__ __forceinline__ void DecodeTask(const TaskDesc& d, const uint8_t* sta
   const int chunks = d.k / kChunkK;
   const int swap = g & 1;  // this lane stores K32 block kb ^ swap at step kb
   const int row = tile * kTileRows + warp * 16 + g;
-  for (int c = 0; c < chunks; ++c, ring.Advance(stages), dec.Advance(kDecodedStages)) {
+  for (int c = 0; c < chunks; ++c, ring.Advance(stages)) {
     MbarWait(SmemAddr(&bars.ring.full[ring.stage]), ring.phase, mbar_timeout, env, ring.stage);
-    MbarWait(SmemAddr(&bars.dec_empty[dec.stage]), dec.phase ^ 1, mbar_timeout, env,
-             3 * kMaxStages + dec.stage);
     const uint8_t* st = stage_base + static_cast<int64_t>(ring.stage) * stage_bytes;
-    uint8_t* out = decoded + dec.stage * kDecodedStageBytes;
     {
       const uint8_t* a_src =
           st + kDecodedTokenBytes + tile * a_tile_region + warp * ChunkBytes(kFormat);
@@ -132,6 +132,11 @@ __device__ __forceinline__ void DecodeTask(const TaskDesc& d, const uint8_t* sta
       const uint2 sw = make_uint2(BiasScaleBytes(codes.x, kBias), BiasScaleBytes(codes.y, kBias));
 #pragma unroll
       for (int step = 0; step < 4; ++step) {
+        if ((step & 1) == 0) {  // K half step / 2: its decoded stage
+          MbarWait(SmemAddr(&bars.dec_empty[dec.stage]), dec.phase ^ 1, mbar_timeout, env,
+                   3 * kMaxStages + dec.stage);
+        }
+        uint8_t* half = decoded + dec.stage * kDecodedStageBytes;
         const int kb = step ^ swap;
         const uint32_t sw_word = step < 2 ? sw.x : sw.y;  // kb < 2 as well
         const uint32_t f_g = BiasedScaleBytePair(sw_word, (kb & 1) * 2);
@@ -149,71 +154,77 @@ __device__ __forceinline__ void DecodeTask(const TaskDesc& d, const uint8_t* sta
         DecodeWeightUnit<kFp4>(&wk[0], f_g, u_g);
         DecodeWeightUnit<kFp4>(&wk[kBlockWords / 2], f_g8, u_g8);
         // Unit 4 kb + t of the chunk: K half kb / 2, unit 4 (kb % 2) + t of its 128-byte row.
-        uint8_t* half = out + (kb >> 1) * kDecodedHalfBytes;
         const int unit = 4 * (kb & 1) + t;
         *reinterpret_cast<uint4*>(half + Swizzle128Offset(row, unit)) =
             make_uint4(u_g[0], u_g[1], u_g[2], u_g[3]);
         *reinterpret_cast<uint4*>(half + Swizzle128Offset(row + 8, unit)) =
             make_uint4(u_g8[0], u_g8[1], u_g8[2], u_g8[3]);
+        if (step & 1) {
+          // The half's stores before wgmma's reads (and the chunk's raw loads before the refill).
+          FenceProxyAsyncShared();
+          MbarArrive(SmemAddr(&bars.dec_full[dec.stage]));
+          dec.Advance(kDecodedStages);
+        }
       }
     }
-    FenceProxyAsyncShared();  // the stores before wgmma's reads; the raw loads before the refill
-    MbarArrive(SmemAddr(&bars.dec_full[dec.stage]));
     MbarArrive(SmemAddr(&bars.ring.empty[ring.stage]));
   }
 }
 
 // The MMA warpgroup's K loop of one task: acc[4j + q] = token 16 w + g + 8 (q >> 1) (warp w,
 // lane 4g + t) against weight row 8 j + 2 t + (q & 1) of the task's 128, over the whole K. One
-// chunk's wgmma group stays in flight while the next chunk's is issued; each stage is released
-// once the group that read it completed.
+// K half's wgmma group stays in flight while the next half's is issued; each decoded stage is
+// released once its group completed, the input stage once its second half's did.
 __device__ __forceinline__ void MmaTask(const TaskDesc& d, const uint8_t* stage_base, int stages,
                                         int stage_bytes, int a_region, const uint8_t* decoded,
                                         DecodedBarriers& bars, uint64_t mbar_timeout,
                                         const WaitEnv& env, float (&acc)[64], RingCursor& ring,
                                         RingCursor& dec) {
   const int chunks = d.k / kChunkK;
+  // The group in flight: its decoded stage, and the input stage it finished (last half only).
   RingCursor prev_ring;
   RingCursor prev_dec;
-  auto release = [&](const RingCursor& r, const RingCursor& q) {
+  bool prev_last = false;
+  auto release = [&]() {
     FenceProxyAsyncShared();
-    MbarArrive(SmemAddr(&bars.ring.empty[r.stage]));
-    MbarArrive(SmemAddr(&bars.dec_empty[q.stage]));
+    MbarArrive(SmemAddr(&bars.dec_empty[prev_dec.stage]));
+    if (prev_last) MbarArrive(SmemAddr(&bars.ring.empty[prev_ring.stage]));
   };
   for (int c = 0; c < chunks; ++c) {
     MbarWait(SmemAddr(&bars.ring.full[ring.stage]), ring.phase, mbar_timeout, env, ring.stage);
-    MbarWait(SmemAddr(&bars.dec_full[dec.stage]), dec.phase, mbar_timeout, env,
-             3 * kMaxStages + kDecodedStages + dec.stage);
     const uint32_t tokens = SmemAddr(stage_base + static_cast<int64_t>(ring.stage) * stage_bytes);
-    const uint32_t weights = SmemAddr(decoded + dec.stage * kDecodedStageBytes);
-    // The token rows were written through the generic proxy (the producer's cp.async, acquired
-    // through the full barrier) and wgmma reads them through the async proxy.
-    FenceProxyAsyncShared();
-    WgmmaFence();
+    // The token rows came by TMA (the async proxy, as wgmma reads them): no proxy fence.
 #pragma unroll
-    for (int s = 0; s < kChunkK / 16; ++s) {
-      // K16 step s: K half s / 4, bytes 32 (s % 4) .. of every 128-byte row.
-      const uint32_t k = static_cast<uint32_t>(32 * (s & 3));
-      const uint64_t desc_a =
-          SmemDescSwizzle128(tokens + static_cast<uint32_t>((s >> 2) * kDecodedTokenHalfBytes) + k);
-      const uint64_t desc_b =
-          SmemDescSwizzle128(weights + static_cast<uint32_t>((s >> 2) * kDecodedHalfBytes) + k);
-      WgmmaBf16SsN128(acc, desc_a, desc_b);
+    for (int h = 0; h < 2; ++h) {
+      MbarWait(SmemAddr(&bars.dec_full[dec.stage]), dec.phase, mbar_timeout, env,
+               3 * kMaxStages + kDecodedStages + dec.stage);
+      const uint32_t weights = SmemAddr(decoded + dec.stage * kDecodedStageBytes);
+      WgmmaFence();
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        // K16 step s of K half h: bytes 32 s .. of every 128-byte row.
+        const uint32_t k = static_cast<uint32_t>(32 * s);
+        const uint64_t desc_a =
+            SmemDescSwizzle128(tokens + static_cast<uint32_t>(h * kDecodedTokenHalfBytes) + k);
+        const uint64_t desc_b = SmemDescSwizzle128(weights + k);
+        WgmmaBf16SsN128(acc, desc_a, desc_b);
+      }
+      WgmmaCommit();
+      if (c > 0 || h > 0) {
+        WgmmaWait<1>();
+        release();
+      }
+      prev_ring = ring;
+      prev_dec = dec;
+      prev_last = h == 1;
+      dec.Advance(kDecodedStages);
     }
-    WgmmaCommit();
-    if (c > 0) {
-      WgmmaWait<1>();
-      release(prev_ring, prev_dec);
-    }
-    prev_ring = ring;
-    prev_dec = dec;
     ring.Advance(stages);
-    dec.Advance(kDecodedStages);
   }
   WgmmaWait<0>();
 #pragma unroll
   for (int i = 0; i < 64; ++i) FenceOperand(acc[i]);
-  if (chunks > 0) release(prev_ring, prev_dec);
+  if (chunks > 0) release();
 }
 
 }  // namespace gcmoe::kernels::stream_role2

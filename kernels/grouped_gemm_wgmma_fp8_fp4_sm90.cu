@@ -45,6 +45,7 @@
 #include "kernels/sm90_async.cuh"
 #include "kernels/stream_mainloops_sm90.cuh"
 #include "kernels/stream_pipeline_sm90.cuh"
+#include "kernels/tma_map.h"
 #include "kernels/weight_tiles_sm90.h"
 
 namespace gcmoe::kernels {
@@ -82,10 +83,15 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
                          Barriers& bars) {
   constexpr bool kBf16 = kKernel == GemmKernel::kStreamBf16;
   constexpr int kActBytes = kBf16 ? 2 : 1;  // LayerParams::act_bf16
-  // Each lane's arrival completes by itself when its copies land: the bf16 consumers read B with
-  // generic loads (mma.sync), and the decoded-tile kernel's MMA warpgroup fences the proxies
-  // itself after it acquired the stage (MmaTask).
-  constexpr bool kGenericB = kBf16;
+  // The bf16 kernels' B (BF16 token rows) comes by TMA from BM 16 on, counted in the stage's
+  // expect_tx: the mma.sync consumers read it with generic loads once the stage is full, and the
+  // decoded-tile kernel's wgmma through the async proxy that wrote it, so neither needs a proxy
+  // fence. Elsewhere B comes by cp.async: at BM 8 each lane's arrival completes when its copies
+  // land; the FP8 kernels release their stages behind a proxy fence (`release` below).
+  // At BM 8 (1-8 rows) a box's latency cost more than the cp.async it saves: 0.92-0.97x at 1-4
+  // tokens per rank, against 1.01-1.03x at BM 16-32 (measured, H200, 2026-12-02).
+  constexpr bool kTmaB = kBf16 && (kDecoded || BM >= 16);
+  const TmaMap* maps = p.act_maps + (kDecoded ? kNumActMaps : 0);
   constexpr int kTiles = Role2TilesPerTask(kKernel, BM);
   const int lane = threadIdx.x & 31;
   const StepHeader& hdr = *p.header;
@@ -140,6 +146,8 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
     const uint8_t* act_scales = nullptr;
     int chunk_bytes = 0;
     int64_t tile_bytes = 0;
+    const TmaMap* act_map = nullptr;  // kTmaB: the activations' map, and the block's first row
+    int act_row = 0;
     if (task < tasks.total) {
       const auto [kind, block, group] = tasks.Decode(task);
       const int tile = group * kTiles;  // the first of the task's tiles
@@ -172,6 +180,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         // Every lane's own acquire: the cp.async reads it issues below follow it. The consumers
         // see the same writes through the descriptor barrier (release/acquire, CTA scope).
         (void)LdAcquireGpu(flag);
+        if constexpr (kTmaB) FenceProxyAsyncGlobal();  // the activations come by TMA
         const RingBlock blk =
             kind == kRoutedW1 || kind == kRoutedW2 ? p.blocks[block] : RingBlock{};
         const int shared_rows = min(BM, T - block * BM);
@@ -183,6 +192,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
                   static_cast<int64_t>(block) * BM * H * kActBytes;
             act_scales = p.x_s + static_cast<int64_t>(block) * BM * (H / 32);
             d.k = H, d.rows = shared_rows;
+            act_map = &maps[kMapXbf], act_row = block * BM;
             break;
           case kRoutedW1:
             tile_ptr = hdr.w1 + (static_cast<int64_t>(blk.local_slot) * n1 + tile) *
@@ -190,12 +200,14 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
             act = p.ring + static_cast<int64_t>(slot) * BM * H * kActBytes;
             act_scales = p.ring_scales + static_cast<int64_t>(slot) * BM * (H / 32);
             d.k = H, d.rows = blk.rows;
+            act_map = &maps[kMapRing], act_row = slot * BM;
             break;
           case kSharedW2:
             tile_ptr = hdr.ws2 + tile * TileBytes(TileFormat::kE4M3, Is);
             act = p.hs_q + static_cast<int64_t>(block) * BM * Is * kActBytes;
             act_scales = p.hs_s + static_cast<int64_t>(block) * BM * (Is / 32);
             d.k = Is, d.rows = shared_rows;
+            act_map = &maps[kMapHs], act_row = block * BM;
             break;
           default:
             tile_ptr = hdr.w2 + (static_cast<int64_t>(blk.local_slot) * n2 + tile) *
@@ -203,6 +215,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
             act = p.h_q + static_cast<int64_t>(block) * BM * I * kActBytes;
             act_scales = p.h_s + static_cast<int64_t>(block) * BM * (I / 32);
             d.k = I, d.rows = blk.rows;
+            act_map = &maps[kMapH], act_row = block * BM;
             break;
         }
         d.n = MmaWidth(d.rows, BM);
@@ -245,9 +258,15 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
       MbarWait(SmemAddr(&bars.empty[s]), fill.phase ^ 1, mbar_timeout, env, kMaxStages + s);
       const uint32_t full = SmemAddr(&bars.full[s]);
       const uint32_t st = SmemAddr(stage_base + static_cast<int64_t>(s) * stage_bytes);
+      // The bf16 kernels' B boxes: K32 blocks of 8 rows, the groups covering the valid rows.
+      const int row_groups = (d.rows + kTmaRowGroup - 1) / kTmaRowGroup;
+      constexpr uint32_t kGroupBytes = kTmaRowGroup * 32 * 2;
+      const uint32_t b_bytes = kDecoded ? kDecodedTokenBytes
+                               : kTmaB  ? 4 * row_groups * kGroupBytes
+                                        : 0;
       if (lane == 0) {
         // The four stripes' chunk c are adjacent in the tile: one contiguous burst per tile.
-        MbarArriveExpectTx(full, static_cast<uint32_t>(kTiles * 4 * chunk_bytes));
+        MbarArriveExpectTx(full, static_cast<uint32_t>(kTiles * 4 * chunk_bytes) + b_bytes);
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
           BulkCopyG2S(st + a_offset + tile * a_tile_region,
@@ -257,29 +276,33 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
       }
       const uint32_t b_st = st + b_offset;
       if constexpr (kDecoded) {
-        // B [K half][row n][128 bytes], 128-byte swizzle: unit u of a row's chunk (its values
-        // 8u..8u+7) is unit u % 8 of its K half. Each 8-lane phase of a copy takes 8 rows of one
-        // unit (distinct bank groups under the swizzle) and the warp 4 adjacent units of each
-        // row (two full 32-byte sectors).
-        for (int it = 0; it < 4 * ((d.rows + 7) >> 3); ++it) {
-          const int n = (it >> 2) * 8 + (lane & 7);
-          const int u = (it & 3) * 4 + (lane >> 3);
-          if (n < d.rows) {
-            CpAsyncCg16(b_st + (u >> 3) * kDecodedTokenHalfBytes + Swizzle128Offset(n, u & 7),
-                        act + (static_cast<int64_t>(n) * d.k + c * kChunkK) * 2 + u * 16);
+        // B [K half][token][128 bytes], 128-byte swizzle: one TMA box of the block's 64 rows per
+        // K half (rows past d.rows are read too; their results are never stored).
+        if (lane == 0) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            TmaLoad2D(b_st + h * kDecodedTokenHalfBytes, act_map, c * kChunkK + h * 64, act_row,
+                      full);
           }
         }
       } else if constexpr (kBf16) {
         // B [kb][row n][t][16 bytes], BF16 rows already in block column order
         // (bf16_operands.h): unit u = 4 kb + t of a row's chunk is lane t's 8 values of block kb.
-        // Consecutive lanes read one row's 256 contiguous bytes; no scales. Only the valid rows:
-        // the MMA's other token columns are never read (each column of the result depends on
-        // its own column of B only).
-        for (int i = lane; i < d.rows * 16; i += 32) {
-          const int n = i >> 4;
-          const int u = i & 15;
-          CpAsyncCg16(b_st + ((u >> 2) * BM + n) * 64 + (u & 3) * 16,
-                      act + (static_cast<int64_t>(n) * d.k + c * kChunkK) * 2 + u * 16);
+        // Only the valid rows (or their 8-row groups): the MMA's other token columns are never
+        // read (each column of the result depends on its own column of B only).
+        if constexpr (!kTmaB) {
+          // Consecutive lanes read one row's 256 contiguous bytes; no scales.
+          for (int i = lane; i < d.rows * 16; i += 32) {
+            const int n = i >> 4;
+            const int u = i & 15;
+            CpAsyncCg16(b_st + ((u >> 2) * BM + n) * 64 + (u & 3) * 16,
+                        act + (static_cast<int64_t>(n) * d.k + c * kChunkK) * 2 + u * 16);
+          }
+        } else if (lane < 4 * row_groups) {
+          // K32 block kb of rows n0..n0+7 is one unswizzled box, lane 4 (n0 / 8) + kb's.
+          const int kb = lane & 3;
+          const int n0 = (lane >> 2) * kTmaRowGroup;
+          TmaLoad2D(b_st + (kb * BM + n0) * 64, act_map, c * kChunkK + kb * 32, act_row + n0, full);
         }
       } else {
         // B [unit u][row n][16 bytes]: consecutive lanes read one row's 128 contiguous bytes.
@@ -299,10 +322,14 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         }
       }
       fill.Advance(stages);
-      if constexpr (kGenericB) {
-        // The consumers read B with generic loads (mma.sync), so no proxy fence is due: each
-        // lane's arrival completes when its copies land, and the stage is full without waiting
-        // for the producer to come back to it.
+      if constexpr (kDecoded) {
+        // Nothing more: lane 0's arrive.expect_tx is the stage's one arrival.
+      } else if constexpr (kTmaB) {
+        // Every lane after its box (kFullArrivals): the stage is full once the bytes landed.
+        MbarArrive(full);
+      } else if constexpr (kBf16) {
+        // No proxy fence is due (mma.sync reads B with generic loads): each lane's arrival
+        // completes when its copies land, without the producer coming back to the stage.
         CpAsyncMbarArrive(full);
       } else {
         asm volatile("cp.async.commit_group;" ::: "memory");
@@ -543,7 +570,7 @@ __global__ void __launch_bounds__(kDecodedThreads, 1)
   if (threadIdx.x == 0) {
     if (p.smid_log != nullptr) p.smid_log[p.role1_grid + blockIdx.x] = SmId();
     for (int s = 0; s < stages; ++s) {
-      MbarInit(SmemAddr(&bars.ring.full[s]), kFullArrivals);
+      MbarInit(SmemAddr(&bars.ring.full[s]), 1);  // the producer's arrive.expect_tx
       MbarInit(SmemAddr(&bars.ring.empty[s]), kDecodedEmptyArrivals);
     }
     for (int i = 0; i < kDescSlots; ++i) {

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "kernels/layer_roles.h"
+#include "kernels/tma_map.h"
 
 namespace gcmoe::kernels {
 namespace {
@@ -227,6 +228,29 @@ cudaError_t LayerGraph::Allocate() {
   if (bf16 && Is > 0) alloc(&x_bf_, cap_rows * H * 2);
   alloc(&hs_s_, cap_rows * Is / 32 + 16);
   alloc(&out_, cap * H * 4);
+  alloc(&act_maps_, 2 * kNumActMaps * static_cast<int64_t>(sizeof(TmaMap)));
+  if (err == cudaSuccess && bf16) {
+    const struct {
+      ActMap map;
+      const void* base;
+      int64_t rows, cols;
+    } maps[] = {{kMapRing, ring_, ring_rows_, H},
+                {kMapH, h_q_, rows_all_, I},
+                {kMapXbf, x_bf_, cap_rows, H},
+                {kMapHs, hs_q_, cap_rows, Is}};
+    TmaMap host[2 * kNumActMaps] = {};
+    for (const auto& m : maps) {
+      if (err == cudaSuccess && m.base != nullptr && m.cols > 0) {
+        err = EncodeBf16TileMap(m.base, m.rows, m.cols, TmaBox::kK32Rows8, &host[m.map]);
+      }
+      if (err == cudaSuccess && m.base != nullptr && m.cols > 0 &&
+          options_.gemm == GemmKernel::kDecodedBf16) {
+        err = EncodeBf16TileMap(m.base, m.rows, m.cols, TmaBox::kK64Rows64Swizzled,
+                                &host[kNumActMaps + m.map]);
+      }
+    }
+    if (err == cudaSuccess) err = cudaMemcpy(act_maps_, host, sizeof(host), cudaMemcpyHostToDevice);
+  }
   if (options_.alltoall) {
     const int64_t sent = cap * k;
     const int64_t received = static_cast<int64_t>(d.world_size) * cap * k;
@@ -295,6 +319,7 @@ LayerParams LayerGraph::Params(int bm_index) const {
   p.h_s = h_s_;
   p.hs_q = hs_q_;
   p.hs_s = hs_s_;
+  p.act_maps = act_maps_;
   p.combine = combine_;
   p.out = out_;
   p.sig = sig_;

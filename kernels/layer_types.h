@@ -232,6 +232,13 @@ struct TaskTrace {
   uint64_t done_ns;
 };
 
+// A TMA tensor map (CUtensorMap: 128 opaque bytes, 128-aligned; tma_map.h encodes it).
+struct alignas(128) TmaMap {
+  uint64_t opaque[16];
+};
+// The bf16 role2's BF16 activation matrices as TMA maps (LayerParams::act_maps).
+enum ActMap : int32_t { kMapRing = 0, kMapH = 1, kMapXbf = 2, kMapHs = 3, kNumActMaps = 4 };
+
 struct LayerParams {
   LayerDims dims;
   PeerTable peers;
@@ -286,6 +293,12 @@ struct LayerParams {
   uint8_t* a2a_recv;       // [world * capacity * k] records, grouped by source rank
   uint16_t* a2a_ret_send;  // [world * capacity * k, H] partials of the received records
   uint16_t* a2a_ret_recv;  // [capacity * k, H] partials of the sent records, in send order
+  // The bf16 role2 kernels: device [2][kNumActMaps], ring, h_q, x_bf and hs_q as TMA maps
+  // (tma_map.h), first with K32 boxes of 8 rows (the mma.sync kernels), then with K64 boxes of 64
+  // rows (the decoded-tile kernel; zero unless it runs). Written by the host before any launch.
+  // In device memory, not here: 1 KiB more of parameters cost every launch (BM 8 steps 1-4 %
+  // slower, measured, H200, 2026-12-02).
+  const TmaMap* act_maps;
 };
 
 }  // namespace gcmoe::kernels

@@ -90,6 +90,16 @@ __device__ __forceinline__ void BulkCopyG2S(uint32_t dst, const void* src, uint3
       "l"(src), "r"(bytes), "r"(bar), "l"(policy)
       : "memory");
 }
+// TMA tile load (async proxy): box (x, y) of tensor map `map` (in global memory, written before
+// the launch) into shared memory at `dst`, completing its bytes as transactions on `bar`.
+__device__ __forceinline__ void TmaLoad2D(uint32_t dst, const void* map, int x, int y,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+      "l"(map), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
 // 16 bytes through L2 only (never a stale L1 line of data another CTA wrote this replay).
 __device__ __forceinline__ void CpAsyncCg16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
@@ -106,6 +116,12 @@ __device__ __forceinline__ void CpAsyncMbarArrive(uint32_t bar) {
 // ordinary stores) before its later async-proxy accesses (wgmma reading B).
 __device__ __forceinline__ void FenceProxyAsyncShared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Orders global memory this thread acquired (written by other threads through the generic
+// proxy) before its later async-proxy reads of it (TMA loads).
+__device__ __forceinline__ void FenceProxyAsyncGlobal() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
 // Barrier `id` over `threads` threads (a warpgroup's own barrier; id 0 is __syncthreads).

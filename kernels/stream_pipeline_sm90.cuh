@@ -8,9 +8,10 @@
 //            fence.proxy.async (B is written through the generic proxy, read by wgmma through
 //            the async proxy). At most kLagStages stages wait for that release, and
 //            kLagStages < stages, so the producer's empty wait never waits on itself; before
-//            any other blocking wait it releases everything. The bf16 kernel (mma.sync reads B
-//            with generic loads, no proxy fence due) has no lag: each lane's arrival is a
-//            cp.async.mbarrier.arrive issued behind its copies, completing when they land.
+//            any other blocking wait it releases everything. The bf16 kernel has no lag: its B
+//            comes by TMA boxes (tma_map.h) counted in the expect_tx, and each lane arrives
+//            right after issuing its box. The decoded-tile kernel's full barrier counts only
+//            the expect_tx arrival (decoded_wgmma_sm90.cuh).
 //   empty[s] count 128: every consumer thread, after the MMAs reading the stage completed
 //            (wgmma: wait_group 0) and a proxy fence behind its own shared loads (the refill's bulk
 //            copy writes through the async proxy); the producer waits on it before refilling.
@@ -54,6 +55,8 @@ __host__ __device__ constexpr int StageBytes(GemmKernel kernel, int bm, bool has
   return Role2TilesPerTask(kernel, bm) * ARegionBytes(has_shared) +
          (kernel == GemmKernel::kStreamBf16 ? bm * 2 * kChunkK : bm * kChunkK + bm * 16);
 }
+// The bf16 kernel's B boxes come by TMA, whose shared-memory destinations are 128-aligned.
+static_assert(ARegionBytes(false) % 128 == 0 && ARegionBytes(true) % 128 == 0);
 // The task's FP32 results, red[tile row 0 .. 64 x tiles - 1][token], padded against conflicts.
 __host__ __device__ constexpr int RedPitch(int bm) { return bm + 1; }
 __host__ __device__ constexpr int RedBytes(GemmKernel kernel, int bm) {
