@@ -120,14 +120,7 @@ __device__ __forceinline__ void DecodeTask(const TaskDesc& d, const uint8_t* sta
       const uint8_t* a_src =
           st + kDecodedTokenBytes + tile * a_tile_region + warp * ChunkBytes(kFormat);
       uint32_t w[kWords];
-#pragma unroll
-      for (int q = 0; q < kPayload / 512; ++q) {
-        const uint4 v = *reinterpret_cast<const uint4*>(a_src + q * 512 + lane * 16);
-        w[q * 4 + 0] = v.x;
-        w[q * 4 + 1] = v.y;
-        w[q * 4 + 2] = v.z;
-        w[q * 4 + 3] = v.w;
-      }
+      LoadLaneWords<kPayload / 512>(a_src, lane, w);
       const uint2 codes = *reinterpret_cast<const uint2*>(a_src + kPayload + g * 8);
       const uint2 sw = make_uint2(BiasScaleBytes(codes.x, kBias), BiasScaleBytes(codes.y, kBias));
 #pragma unroll

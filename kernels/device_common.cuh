@@ -59,6 +59,20 @@ __device__ __forceinline__ uint32_t LdCg32(const void* p) {
 __device__ __forceinline__ uint4 LdCg128(const void* p) {
   return __ldcg(reinterpret_cast<const uint4*>(p));
 }
+// A warp's shared-memory read of a weight chunk's codes (weight_tiles_sm90.h: 512-byte pieces,
+// 16 bytes per lane): lane `lane`'s words of piece q land in w[4 q .. 4 q + 3].
+template <int kPieces>
+__device__ __forceinline__ void LoadLaneWords(const uint8_t* chunk, int lane,
+                                              uint32_t (&w)[4 * kPieces]) {
+#pragma unroll
+  for (int q = 0; q < kPieces; ++q) {
+    const uint4 v = *reinterpret_cast<const uint4*>(chunk + q * 512 + lane * 16);
+    w[q * 4 + 0] = v.x;
+    w[q * 4 + 1] = v.y;
+    w[q * 4 + 2] = v.z;
+    w[q * 4 + 3] = v.w;
+  }
+}
 // Volatile loads (ld.cv: any cached copy is stale, fetch again) for another GPU's memory, which
 // a cache of this GPU need not see change.
 __device__ __forceinline__ uint4 LdCv128(const void* p) {

@@ -161,14 +161,7 @@ __device__ __forceinline__ void TileMainloop(const GemmOperand& op, uint8_t* sta
     CpAsyncWait<kStages - 1>();  // this lane's copies of chunk i have landed
     const uint8_t* stage = stages + (i % kStages) * kStageBytes;
     uint32_t w[kPieces * 4];
-#pragma unroll
-    for (int p = 0; p < kPieces; ++p) {
-      const uint4 v = *reinterpret_cast<const uint4*>(stage + p * 512 + lane * 16);
-      w[p * 4 + 0] = v.x;
-      w[p * 4 + 1] = v.y;
-      w[p * 4 + 2] = v.z;
-      w[p * 4 + 3] = v.w;
-    }
+    LoadLaneWords<kPieces>(stage, lane, w);
     const uint2 sw = *reinterpret_cast<const uint2*>(stage + kStageScaleOffset + lane * 8);
 
 #pragma unroll

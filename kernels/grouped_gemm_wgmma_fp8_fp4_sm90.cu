@@ -48,6 +48,8 @@
 #include "kernels/tma_map.h"
 #include "kernels/weight_tiles_sm90.h"
 
+static_assert(gcmoe::kernels::kTmaWideRows == gcmoe::kernels::stream_role2::kDecodedBm);
+
 namespace gcmoe::kernels {
 namespace {
 
@@ -76,8 +78,8 @@ __device__ __forceinline__ bool WaitFlagInline(const WaitEnv& env, const uint32_
   }
 }
 
-// kDecoded: for GroupedGemmDecodedKernel, whose MMA warpgroup reads the BF16 token rows through
-// the async proxy (wgmma), stored as K-major core matrices [unit][token][16 bytes].
+// kDecoded: for GroupedGemmDecodedKernel, whose stages hold the token rows first, as K-major
+// swizzled K halves [K half][token][128 bytes] (decoded_wgmma_sm90.cuh).
 template <int BM, GemmKernel kKernel, bool kDecoded = false>
 __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
                          Barriers& bars) {
@@ -253,20 +255,23 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
 
     const int chunks = d.k / kChunkK;
     const int scale_row = d.k / 32;
+    // The bf16 kernels' B boxes: K32 blocks of 8 rows, the groups covering the valid rows. Each
+    // stage expects the weights' bytes plus B's where B comes by TMA.
+    const int row_groups = (d.rows + kTmaRowGroup - 1) / kTmaRowGroup;
+    uint32_t stage_tx = static_cast<uint32_t>(kTiles * 4 * chunk_bytes);
+    if constexpr (kDecoded) {
+      stage_tx += kDecodedTokenBytes;
+    } else if constexpr (kTmaB) {
+      stage_tx += static_cast<uint32_t>(4 * row_groups * kTmaRowGroup * 32 * 2);
+    }
     for (int c = 0; c < chunks; ++c) {
       const int s = fill.stage;
       MbarWait(SmemAddr(&bars.empty[s]), fill.phase ^ 1, mbar_timeout, env, kMaxStages + s);
       const uint32_t full = SmemAddr(&bars.full[s]);
       const uint32_t st = SmemAddr(stage_base + static_cast<int64_t>(s) * stage_bytes);
-      // The bf16 kernels' B boxes: K32 blocks of 8 rows, the groups covering the valid rows.
-      const int row_groups = (d.rows + kTmaRowGroup - 1) / kTmaRowGroup;
-      constexpr uint32_t kGroupBytes = kTmaRowGroup * 32 * 2;
-      const uint32_t b_bytes = kDecoded ? kDecodedTokenBytes
-                               : kTmaB  ? 4 * row_groups * kGroupBytes
-                                        : 0;
       if (lane == 0) {
         // The four stripes' chunk c are adjacent in the tile: one contiguous burst per tile.
-        MbarArriveExpectTx(full, static_cast<uint32_t>(kTiles * 4 * chunk_bytes) + b_bytes);
+        MbarArriveExpectTx(full, stage_tx);
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
           BulkCopyG2S(st + a_offset + tile * a_tile_region,

@@ -238,13 +238,15 @@ cudaError_t LayerGraph::Allocate() {
                 {kMapH, h_q_, rows_all_, I},
                 {kMapXbf, x_bf_, cap_rows, H},
                 {kMapHs, hs_q_, cap_rows, Is}};
+    // The K32 set for the mma.sync kernels; the K64 set only where the decoded-tile kernel runs.
+    const bool wide = options_.gemm == GemmKernel::kDecodedBf16;
     TmaMap host[2 * kNumActMaps] = {};
     for (const auto& m : maps) {
-      if (err == cudaSuccess && m.base != nullptr && m.cols > 0) {
+      if (m.base == nullptr || m.cols == 0) continue;  // no shared expert
+      if (err == cudaSuccess) {
         err = EncodeBf16TileMap(m.base, m.rows, m.cols, TmaBox::kK32Rows8, &host[m.map]);
       }
-      if (err == cudaSuccess && m.base != nullptr && m.cols > 0 &&
-          options_.gemm == GemmKernel::kDecodedBf16) {
+      if (err == cudaSuccess && wide) {
         err = EncodeBf16TileMap(m.base, m.rows, m.cols, TmaBox::kK64Rows64Swizzled,
                                 &host[kNumActMaps + m.map]);
       }

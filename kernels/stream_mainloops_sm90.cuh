@@ -84,14 +84,7 @@ __device__ __forceinline__ void Mainloop(const TaskDesc& d, const uint8_t* stage
     const uint8_t* st = stage_base + static_cast<int64_t>(s) * stage_bytes;
     const uint8_t* a_src = st + warp * kChunk;  // warp w: stripe w (tile rows 16w..16w+15)
     uint32_t w[kPieces * 4];
-#pragma unroll
-    for (int q = 0; q < kPieces; ++q) {
-      const uint4 v = *reinterpret_cast<const uint4*>(a_src + q * 512 + lane * 16);
-      w[q * 4 + 0] = v.x;
-      w[q * 4 + 1] = v.y;
-      w[q * 4 + 2] = v.z;
-      w[q * 4 + 3] = v.w;
-    }
+    LoadLaneWords<kPieces>(a_src, lane, w);
     const uint2 sw = *reinterpret_cast<const uint2*>(a_src + kPayload + g * 8);
     const uint8_t* b_st = st + a_region;
     const uint8_t* s_st = b_st + BM * kChunkK;
@@ -220,6 +213,8 @@ __device__ __forceinline__ void MainloopBf16(const TaskDesc& d, const uint8_t* s
 #pragma unroll
     for (int tile = 0; tile < kTiles; ++tile) {
       const uint8_t* a_src = st + tile * a_tile_region + warp * ChunkBytes(kFormat);
+      // LoadLaneWords' loop, written out: through the helper this default kernel's PTX address
+      // arithmetic changes (a 2026-12-02 PTX comparison), which no GPU run has measured.
 #pragma unroll
       for (int q = 0; q < kPayload / 512; ++q) {
         const uint4 v = *reinterpret_cast<const uint4*>(a_src + q * 512 + lane * 16);

@@ -21,7 +21,7 @@ cudaError_t EncodeBf16TileMap(const void* base, int64_t rows, int64_t cols, TmaB
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};  // bytes, of dim 1
   const bool wide = box == TmaBox::kK64Rows64Swizzled;
   const cuuint32_t box_dims[2] = {wide ? 64u : 32u,
-                                  wide ? 64u : static_cast<cuuint32_t>(kTmaRowGroup)};
+                                  static_cast<cuuint32_t>(wide ? kTmaWideRows : kTmaRowGroup)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r = encode(reinterpret_cast<CUtensorMap*>(map), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                             2, const_cast<void*>(base), dims, strides, box_dims, element_strides,

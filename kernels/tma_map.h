@@ -3,7 +3,7 @@
 // cp.async.bulk.tensor copies into a stage. Two shapes:
 //   - K32 boxes: 32 values (64 bytes) by kTmaRowGroup rows, unswizzled: one K32 block of 8 token
 //     rows in the mma.sync kernels' B layout (stream_pipeline_sm90.cuh).
-//   - K64 boxes: 64 values (128 bytes) by kDecodedBm rows with the 128-byte swizzle: one K half
+//   - K64 boxes: 64 values (128 bytes) by kTmaWideRows rows with the 128-byte swizzle: one K half
 //     of the decoded-tile kernel's token block, in the K-major layout wgmma reads.
 #pragma once
 
@@ -16,6 +16,7 @@
 namespace gcmoe::kernels {
 
 inline constexpr int kTmaRowGroup = 8;
+inline constexpr int kTmaWideRows = 64;  // the decoded-tile kernel's block (kDecodedBm)
 
 enum class TmaBox { kK32Rows8, kK64Rows64Swizzled };
 
