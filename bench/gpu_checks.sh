@@ -19,7 +19,7 @@
 # each kernel at T = 1 and 16.
 #
 # Environment: BUNDLE (default .device), OUT (logs; default /tmp/gcmoe-gpu-checks),
-# GCMOE_CUDA_GEMM (role2 kernel for ctest/bench/multi: bf16 default, decoded, stream, wgmma, mma), TOKENS
+# GCMOE_CUDA_GEMM (role2 kernel for ctest/bench/multi: bf16-wgmma default, bf16, stream, wgmma, mma), TOKENS
 # (bench).
 # Logs go to $OUT; a summary table is printed last.
 set -u
@@ -130,7 +130,7 @@ bench_rows() {  # label, then gcmoe bench layer flags; appends "label T us floor
 }
 if has variants; then
   STAGE_LOG=variants.txt; : > "$OUT/$STAGE_LOG"; : > "$OUT/$STAGE_LOG.rows"
-  for g in wgmma bf16 decoded stream mma; do
+  for g in wgmma bf16 bf16-wgmma stream mma; do
     bench_rows "gemm=$g" --gemm "$g" --tokens-per-rank 1,8,16,64,256
   done
   note variants ok "$(wc -l < "$OUT/$STAGE_LOG.rows") rows"

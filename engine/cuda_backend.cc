@@ -40,15 +40,15 @@ int32_t InputDType(DType dtype) {
 }  // namespace
 
 Result<kernels::GemmKernel> ChooseRole2Kernel(const char* requested) {
-  if (requested == nullptr || *requested == '\0') return kernels::GemmKernel::kStreamBf16;
+  if (requested == nullptr || *requested == '\0') return kernels::GemmKernel::kWgmmaBf16;
   const std::string name = requested;
   if (name == "mma") return kernels::GemmKernel::kMmaSync;
   if (name == "stream") return kernels::GemmKernel::kStreamMma;
   if (name == "wgmma") return kernels::GemmKernel::kStreamWgmma;
   if (name == "bf16") return kernels::GemmKernel::kStreamBf16;
-  if (name == "decoded") return kernels::GemmKernel::kDecodedBf16;
+  if (name == "bf16-wgmma") return kernels::GemmKernel::kWgmmaBf16;
   return InvalidArgument("cuda backend: role2 kernel (GCMOE_CUDA_GEMM) " + name +
-                         " is not bf16, decoded, stream, wgmma or mma");
+                         " is not bf16, bf16-wgmma, stream, wgmma or mma");
 }
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
@@ -68,10 +68,17 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
                            options.exchange + "\"");
   }
   const bool alltoall = options.exchange == "nccl";
-  GCMOE_ASSIGN_OR_RETURN(
-      const kernels::GemmKernel gemm,
-      ChooseRole2Kernel(!options.role2_kernel.empty() ? options.role2_kernel.c_str()
-                                                      : std::getenv("GCMOE_CUDA_GEMM")));
+  const char* requested_gemm =
+      !options.role2_kernel.empty() ? options.role2_kernel.c_str() : std::getenv("GCMOE_CUDA_GEMM");
+  GCMOE_ASSIGN_OR_RETURN(kernels::GemmKernel gemm, ChooseRole2Kernel(requested_gemm));
+  // With a shared expert the bf16-wgmma kernel's E4M3 chunks leave room for one CTA per SM, where
+  // it measured slower than bf16's BM 32 (I_s = I, same run: GLM-5.2 T = 128 550 against 444 us,
+  // DeepSeek-V4.1-Flash T = 256 780 against 676; docs/PERFORMANCE.md, session 11): the default
+  // is then bf16.
+  if (gemm == kernels::GemmKernel::kWgmmaBf16 && m.shared_intermediate > 0 &&
+      (requested_gemm == nullptr || *requested_gemm == '\0')) {
+    gemm = kernels::GemmKernel::kStreamBf16;
+  }
   if (m.hidden % 128 != 0 || m.intermediate % 128 != 0 || m.shared_intermediate % 128 != 0) {
     return InvalidArgument(
         "cuda backend: model.hidden, model.intermediate and "
@@ -331,9 +338,9 @@ Status CudaBackend::ForceBlockRows(int bm) {
 
 int BlockRowsForMeanRows(kernels::GemmKernel kernel, double rows_per_expert) {
   // Each switch sits at the geometric midpoint between the measured means on either side.
-  // `decoded` is `bf16` with its own kernel at BM 64, taken from a mean of 22.6 (sqrt(16 * 32)) so
-  // that the variant runs it where a block fills (it is slower there too: layer_roles.h).
-  if (kernel == kernels::GemmKernel::kDecodedBf16 && rows_per_expert >= 22.6) return 64;
+  // `bf16-wgmma` is `bf16` with its own kernel at BM 64, taken from a mean of 22.6
+  // (sqrt(16 * 32)).
+  if (kernel == kernels::GemmKernel::kWgmmaBf16 && rows_per_expert >= 22.6) return 64;
   if (kernels::UsesBf16Operands(kernel)) {
     // Measured optima (2026-12-01): 16 at means 2 to 8 (8 within 1 % at 2 and 4), 32 at 16, 32
     // and 64; 64 is 1.2-1.3x slower than 32 at 64 rows. With two tiles per task at BM 16 and the

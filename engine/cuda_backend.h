@@ -18,11 +18,13 @@
 //                                sequence with P > 1 (see Create)
 //   GCMOE_CUDA_WAIT_TIMEOUT_MS=N device spin-wait limit (default 5000)
 //   GCMOE_CUDA_RECORD_SM_IDS=1   role1/role2 CTAs log their SM (ReadSmIds)
-//   GCMOE_CUDA_GEMM=K            role2 kernel: bf16 (default: warp-specialized bulk-copy
-//                                pipeline, exact BF16 operands, mma.sync BF16), stream (the same
-//                                pipeline, E4M3 mma.sync, FP8 wgmma for W2), wgmma (register-A
-//                                FP8 wgmma; not within calc_diff 1e-4 everywhere), mma (stepping
-//                                stone); BackendOptions::role2_kernel, when set, wins
+//   GCMOE_CUDA_GEMM=K            role2 kernel: bf16-wgmma (default: warp-specialized bulk-copy
+//                                pipeline, exact BF16 operands, mma.sync BF16 below BM 64 and
+//                                register-A BF16 wgmma at BM 64), bf16 (the same with mma.sync at
+//                                BM 64 too), stream (the same pipeline, E4M3 mma.sync, FP8 wgmma
+//                                for W2), wgmma (register-A FP8 wgmma; not within calc_diff 1e-4
+//                                everywhere), mma (stepping stone); BackendOptions::role2_kernel,
+//                                when set, wins
 #pragma once
 
 #include <chrono>
@@ -40,8 +42,8 @@
 
 namespace gcmoe::engine {
 
-// role2's kernel: `requested` (GCMOE_CUDA_GEMM: bf16, decoded, stream, wgmma or mma) when set and
-// not empty, else `bf16`, on any number of GPUs. An unknown name is an InvalidArgument.
+// role2's kernel: `requested` (GCMOE_CUDA_GEMM: bf16-wgmma, bf16, stream, wgmma or mma) when set
+// and not empty, else `bf16-wgmma`, on any number of GPUs. An unknown name is an InvalidArgument.
 Result<kernels::GemmKernel> ChooseRole2Kernel(const char* requested);
 
 // The block size (rows per ring block, 8/16/32/64) for a step whose rank computes a mean of

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kRoleThreads)
   const StepHeader& hdr = *p.header;
   for (int row = blockIdx.x * kWarps + warp; row < hdr.num_tokens; row += gridDim.x * kWarps) {
     QuantizeRowWarp(p.hidden_in, p.hidden_scales_in, hdr.in_dtype, p.dims.hidden, row, lane, p.x_q,
-                    p.x_s, p.x_bf);
+                    p.x_s, p.x_bf, p.act_bf16);
   }
 }
 
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kRoleThreads)
     const int64_t ring_row = static_cast<int64_t>(route.first_block) * p.bm + (h.recv_index - base);
     if (p.act_bf16) {
       WarpRowToBf16(rec + sizeof(A2aRecordHeader), rec + sizeof(A2aRecordHeader) + H, H, lane,
-                    false, reinterpret_cast<uint16_t*>(p.ring) + ring_row * H);
+                    false, p.act_bf16, reinterpret_cast<uint16_t*>(p.ring) + ring_row * H);
     } else {
       WarpCopy16(p.ring + ring_row * H, rec + sizeof(A2aRecordHeader), H, lane);
       WarpCopy4(p.ring_scales + ring_row * (H / 32), rec + sizeof(A2aRecordHeader) + H, H / 32,

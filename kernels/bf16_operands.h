@@ -64,15 +64,31 @@ inline constexpr uint32_t kE4m3Bf16Undo = Bf16PowerPair(127 + 120);
 // ---- activations as the bf16 role2 reads them --------------------------------------------------
 //
 // The bf16 role2 reads activations as BF16 rows written once (role1's pull, the W1 epilogue):
-// the exact values of the E4M3 codes times their block scale, each 32-value block of a row in
-// block column order. A weight lane word of lane t holds the block's logical positions 4t..4t+3
-// (its low run, K16 step 0 of the block) and 16+4t..16+4t+3 (its high run, step 1)
-// (weight_tiles_sm90.h); the same eight positions of the activations are the mma.m16n8k16 B
-// registers b0, b1 of both steps for lane t. So logical r = 16 hi + 4 t + e is stored at
-// 8 t + 4 hi + e: lane t's eight values are one 16-byte unit.
-GCMOE_HOST_DEVICE constexpr int Bf16BlockColumn(int logical) {
+// the exact values of the E4M3 codes times their block scale, each 32-value block of a row
+// permuted in place so that a weight lane word's values meet the activations they multiply. A
+// weight lane word of lane t holds the block's logical positions 4t..4t+3 (its low run, K16 step
+// 0 of the block) and 16+4t..16+4t+3 (its high run, step 1) (weight_tiles_sm90.h), as the A
+// registers of columns 2t, 2t+1 (4t, 4t+1 of the run) and 2t+8, 2t+9 (4t+2, 4t+3). Two orders
+// (LayerParams::act_bf16), one per MMA:
+//   kBf16MmaOrder (mma.sync m16n8k16, whose B registers are loaded by the kernel): lane t's eight
+//     values one 16-byte unit, the b0, b1 of both steps: logical r = 16 hi + 4 t + e at
+//     8 t + 4 hi + e.
+//   kBf16WgmmaOrder (register-A wgmma, whose B the tensor core reads from shared memory in
+//     column order): K16 step s's column 2t + e holds logical 16 s + 4 t + e and column
+//     2t + 8 + e logical 16 s + 4 t + 2 + e: logical 16 s + 4 t + 2 m + e at 16 s + 8 m + 2 t + e.
+inline constexpr int kBf16MmaOrder = 1;
+inline constexpr int kBf16WgmmaOrder = 2;
+GCMOE_HOST_DEVICE constexpr int Bf16BlockColumn(int logical, int order = kBf16MmaOrder) {
   const int r = logical % 32;
-  return logical - r + 8 * ((r / 4) % 4) + 4 * (r / 16) + r % 4;
+  return logical - r +
+         (order == kBf16WgmmaOrder ? 16 * (r / 16) + 8 * ((r / 2) % 2) + 2 * ((r / 4) % 4) + r % 2
+                                   : 8 * ((r / 4) % 4) + 4 * (r / 16) + r % 4);
+}
+// The logical pair (positions 2 lp, 2 lp + 1) stored at BF16x2 slot i (columns 2 i, 2 i + 1) of
+// a block: the inverse of Bf16BlockColumn on pairs.
+GCMOE_HOST_DEVICE constexpr int Bf16BlockPairAt(int i, int order) {
+  return order == kBf16WgmmaOrder ? 8 * (i / 8) + 2 * (i % 4) + (i / 4) % 2
+                                  : 8 * ((i / 2) % 2) + 2 * (i / 4) + i % 2;
 }
 
 // d = a * b per BF16 half, rounded to nearest even (subnormals kept: PTX has no .ftz for BF16).
@@ -117,16 +133,18 @@ GCMOE_HOST_DEVICE inline void DecodeWeightUnit(const uint32_t* words, uint32_t m
 }
 
 // One 32-value block: its E4M3 codes (8 words, logical order: word q holds positions
-// 4q..4q+3) and the block's UE8M0 scale code (>= 1) to 16 BF16x2 words in block column order.
+// 4q..4q+3) and the block's UE8M0 scale code (>= 1) to 16 BF16x2 words in `order`
+// (kBf16MmaOrder or kBf16WgmmaOrder; selected per word, never a computed register index).
 GCMOE_HOST_DEVICE inline void E4m3BlockToBf16(const uint32_t (&codes)[8], uint32_t scale_code,
-                                              uint32_t (&out)[16]) {
+                                              int order, uint32_t (&out)[16]) {
   const uint32_t scale = Bf16PowerPair(scale_code);
-  for (int q = 0; q < 8; ++q) {
-    const int unit_quad = 2 * (q % 4) + q / 4;  // Bf16BlockColumn(4 q) / 4
-    for (int j = 0; j < 2; ++j) {
-      out[2 * unit_quad + j] =
-          MulBf16x2(MulBf16x2(E4m3PairToBf16(codes[q], j), kE4m3Bf16Undo), scale);
-    }
+  uint32_t pairs[16];  // logical pair lp: positions 2 lp, 2 lp + 1
+  for (int lp = 0; lp < 16; ++lp) {
+    pairs[lp] = MulBf16x2(MulBf16x2(E4m3PairToBf16(codes[lp / 2], lp % 2), kE4m3Bf16Undo), scale);
+  }
+  for (int i = 0; i < 16; ++i) {
+    out[i] = order == kBf16WgmmaOrder ? pairs[Bf16BlockPairAt(i, kBf16WgmmaOrder)]
+                                      : pairs[Bf16BlockPairAt(i, kBf16MmaOrder)];
   }
 }
 

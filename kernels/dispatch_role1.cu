@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kRoleThreads)
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < T * row_blocks;
        i += gridDim.x * blockDim.x) {
     QuantizeBlock(p.hidden_in, p.hidden_scales_in, hdr.in_dtype, H, i / row_blocks, i % row_blocks,
-                  p.x_q, p.x_s, p.x_bf);
+                  p.x_q, p.x_s, p.x_bf, p.act_bf16);
   }
   // A. Route: receive entries at the computing rank.
   const int assignments = T * k;
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kRoleThreads)
         E4m3BlockToBf16Row(
             p.peers.x_q[src] + static_cast<int64_t>(token) * H,
             p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes, i % scale_bytes,
-            src != p.dims.rank,
+            src != p.dims.rank, p.act_bf16,
             reinterpret_cast<uint16_t*>(p.ring) + (static_cast<int64_t>(slot) * p.bm + r) * H);
         if (i % scale_bytes == 0) {
           *reinterpret_cast<uint4*>(&p.meta[static_cast<int64_t>(b) * p.bm + r]) = raw;

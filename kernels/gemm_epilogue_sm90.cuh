@@ -21,7 +21,7 @@ template <int kWarps, bool kBf16Out = false, typename RedAt>
 __device__ __forceinline__ void SwigluEpilogue(const LayerParams& p, RedAt red, int rows, int tile,
                                                int inter, const RowMeta* meta, uint8_t* h_q,
                                                uint8_t* h_s) {
-  const int warp = threadIdx.x >> 5;
+  const int warp = (threadIdx.x >> 5) % kWarps;  // within the calling warpgroup(s)
   const int lane = threadIdx.x & 31;
   for (int n = warp; n < rows; n += kWarps) {
     float gate = RoundBf16(red(lane, n));
@@ -43,7 +43,7 @@ __device__ __forceinline__ void SwigluEpilogue(const LayerParams& p, RedAt red, 
       const uint32_t value =
           MulBf16x2(MulBf16x2(E4m3PairToBf16(e4m3, 0), kE4m3Bf16Undo), Bf16PowerPair(code));
       reinterpret_cast<uint16_t*>(
-          h_q)[static_cast<int64_t>(n) * inter + tile * 32 + Bf16BlockColumn(lane)] =
+          h_q)[static_cast<int64_t>(n) * inter + tile * 32 + Bf16BlockColumn(lane, p.act_bf16)] =
           static_cast<uint16_t>(value);
     } else {
       h_q[static_cast<int64_t>(n) * inter + tile * 32 + lane] = static_cast<uint8_t>(e4m3);
@@ -59,7 +59,7 @@ __device__ __forceinline__ void SwigluEpilogue(const LayerParams& p, RedAt red, 
 template <int kWarps, typename RedAt>
 __device__ __forceinline__ void ScatterEpilogue(const LayerParams& p, RedAt red, int rows, int tile,
                                                 const RowMeta* meta, int shared_first_token) {
-  const int warp = threadIdx.x >> 5;
+  const int warp = (threadIdx.x >> 5) % kWarps;  // within the calling warpgroup(s)
   const int lane = threadIdx.x & 31;
   const int H = p.dims.hidden;
   const int k = p.dims.top_k;

@@ -34,10 +34,12 @@
 //     so a partially filled block streams and multiplies fewer token columns.
 //
 // The pipeline's layout and invariants: stream_pipeline_sm90.cuh; the consumers' K loops:
-// stream_mainloops_sm90.cuh.
+// stream_mainloops_sm90.cuh. The default's BM 64 (`bf16-wgmma`: two consumer warpgroups on
+// register-A BF16 wgmma, two CTAs per SM) has its own CTA below and its K loop in
+// bf16_wgmma_sm90.cuh.
 #include <cstdint>
 
-#include "kernels/decoded_wgmma_sm90.cuh"
+#include "kernels/bf16_wgmma_sm90.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/gemm_epilogue_sm90.cuh"
 #include "kernels/layer_roles.h"
@@ -48,7 +50,7 @@
 #include "kernels/tma_map.h"
 #include "kernels/weight_tiles_sm90.h"
 
-static_assert(gcmoe::kernels::kTmaWideRows == gcmoe::kernels::stream_role2::kDecodedBm);
+static_assert(gcmoe::kernels::stream_role2::kWideBm % gcmoe::kernels::kTmaWideRows == 0);
 
 namespace gcmoe::kernels {
 namespace {
@@ -78,22 +80,22 @@ __device__ __forceinline__ bool WaitFlagInline(const WaitEnv& env, const uint32_
   }
 }
 
-// kDecoded: for GroupedGemmDecodedKernel, whose stages hold the token rows first, as K-major
-// swizzled K halves [K half][token][128 bytes] (decoded_wgmma_sm90.cuh).
-template <int BM, GemmKernel kKernel, bool kDecoded = false>
+// kWide: for GroupedGemmWgmmaBf16Kernel, whose stages hold the token rows first, as K-major
+// swizzled K halves [K half][token][128 bytes] (bf16_wgmma_sm90.cuh).
+template <int BM, GemmKernel kKernel, bool kWide = false>
 __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
                          Barriers& bars) {
   constexpr bool kBf16 = kKernel == GemmKernel::kStreamBf16;
   constexpr int kActBytes = kBf16 ? 2 : 1;  // LayerParams::act_bf16
   // The bf16 kernels' B (BF16 token rows) comes by TMA from BM 16 on, counted in the stage's
   // expect_tx: the mma.sync consumers read it with generic loads once the stage is full, and the
-  // decoded-tile kernel's wgmma through the async proxy that wrote it, so neither needs a proxy
+  // bf16-wgmma kernel's wgmma through the async proxy that wrote it, so neither needs a proxy
   // fence. Elsewhere B comes by cp.async: at BM 8 each lane's arrival completes when its copies
   // land; the FP8 kernels release their stages behind a proxy fence (`release` below).
   // At BM 8 (1-8 rows) a box's latency cost more than the cp.async it saves: 0.92-0.97x at 1-4
   // tokens per rank, against 1.01-1.03x at BM 16-32 (measured, H200, 2026-12-02).
-  constexpr bool kTmaB = kBf16 && (kDecoded || BM >= 16);
-  const TmaMap* maps = p.act_maps + (kDecoded ? kNumActMaps : 0);
+  constexpr bool kTmaB = kBf16 && (kWide || BM >= 16);
+  const TmaMap* maps = p.act_maps + (kWide ? kNumActMaps : 0);
   constexpr int kTiles = Role2TilesPerTask(kKernel, BM);
   const int lane = threadIdx.x & 31;
   const StepHeader& hdr = *p.header;
@@ -110,10 +112,10 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
                              n2 / kTiles);
   const int a_tile_region = ARegionBytes(Is > 0);  // one tile's chunks in a stage
   const int a_region = kTiles * a_tile_region;
-  // Where a stage keeps the weights and the activations (decoded_wgmma_sm90.cuh: tokens first,
+  // Where a stage keeps the weights and the activations (bf16_wgmma_sm90.cuh: tokens first,
   // at the stage's 1024-aligned start).
-  const uint32_t a_offset = kDecoded ? kDecodedTokenBytes : 0;
-  const uint32_t b_offset = kDecoded ? 0 : a_region;
+  const uint32_t a_offset = kWide ? kWideTokenBytes : 0;
+  const uint32_t b_offset = kWide ? 0 : a_region;
   const uint64_t policy = EvictFirstPolicy();
   const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
 
@@ -258,9 +260,10 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
     // The bf16 kernels' B boxes: K32 blocks of 8 rows, the groups covering the valid rows. Each
     // stage expects the weights' bytes plus B's where B comes by TMA.
     const int row_groups = (d.rows + kTmaRowGroup - 1) / kTmaRowGroup;
+    const int wide_groups = (d.rows + kTmaWideRows - 1) / kTmaWideRows;  // kWide: 16-row boxes
     uint32_t stage_tx = static_cast<uint32_t>(kTiles * 4 * chunk_bytes);
-    if constexpr (kDecoded) {
-      stage_tx += kDecodedTokenBytes;
+    if constexpr (kWide) {
+      stage_tx += static_cast<uint32_t>(2 * wide_groups * kTmaWideRows * 128);
     } else if constexpr (kTmaB) {
       stage_tx += static_cast<uint32_t>(4 * row_groups * kTmaRowGroup * 32 * 2);
     }
@@ -280,14 +283,16 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         }
       }
       const uint32_t b_st = st + b_offset;
-      if constexpr (kDecoded) {
-        // B [K half][token][128 bytes], 128-byte swizzle: one TMA box of the block's 64 rows per
-        // K half (rows past d.rows are read too; their results are never stored).
+      if constexpr (kWide) {
+        // B [K half][token][128 bytes], 128-byte swizzle: per K half one TMA box per 16-row group
+        // of valid rows (the MMA width covers those groups; bf16_wgmma_sm90.cuh).
         if (lane == 0) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            TmaLoad2D(b_st + h * kDecodedTokenHalfBytes, act_map, c * kChunkK + h * 64, act_row,
-                      full);
+            for (int r = 0; r < wide_groups; ++r) {
+              TmaLoad2D(b_st + h * kWideTokenHalfBytes + r * kTmaWideRows * 128, act_map,
+                        c * kChunkK + h * 64, act_row + r * kTmaWideRows, full);
+            }
           }
         }
       } else if constexpr (kBf16) {
@@ -327,7 +332,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         }
       }
       fill.Advance(stages);
-      if constexpr (kDecoded) {
+      if constexpr (kWide) {
         // Nothing more: lane 0's arrive.expect_tx is the stage's one arrival.
       } else if constexpr (kTmaB) {
         // Every lane after its box (kFullArrivals): the stage is full once the bytes landed.
@@ -351,11 +356,13 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
 
 // ---- a task's end, shared by the consumers of both kernels ------------------------------------
 
-// The fused epilogues of the task's kTiles tiles, by one warpgroup (warps 0-3), from
+// The fused epilogues of the task's kTiles tiles, by one warpgroup, from
 // red[tile row 64 s + r][token] (`pitch` floats per row) complete and visible.
+// `tile_offset`: the task's tile the first of them is (the bf16-wgmma kernel's warpgroup 1 runs
+// tile 1 alone).
 template <int BM, int kTiles, bool kBf16Out>
 __device__ __forceinline__ void TaskEpilogues(const LayerParams& p, const TaskDesc& d,
-                                              const float* red, int pitch) {
+                                              const float* red, int pitch, int tile_offset = 0) {
   constexpr int64_t kActBytes = kBf16Out ? 2 : 1;  // of h_q, hs_q
   const int I = p.dims.intermediate;
   const int Is = p.dims.shared_intermediate;
@@ -364,7 +371,7 @@ __device__ __forceinline__ void TaskEpilogues(const LayerParams& p, const TaskDe
   for (int s = 0; s < kTiles; ++s) {
     const float* red_tile = red + s * kTileRows * pitch;
     auto red_at = [red_tile, pitch](int r, int n) { return red_tile[r * pitch + n]; };
-    const int tile = d.tile + s;
+    const int tile = d.tile + tile_offset + s;
     switch (d.kind) {
       case kSharedW1:
         SwigluEpilogue<4, kBf16Out>(p, red_at, d.rows, tile, Is, nullptr,
@@ -384,12 +391,12 @@ __device__ __forceinline__ void TaskEpilogues(const LayerParams& p, const TaskDe
   }
 }
 
-// Thread 0, once the warpgroup's stores of the task are issued (after its barrier): the trace
-// entry, and the task's completion: the W1 outputs to the block's W2 tasks, the ring slot (W1 has
-// read it) back to role1.
+// Thread `leader` (a warpgroup's first), once its warpgroup's stores of the task's `tiles` tiles
+// are issued (after its barrier): the trace entry, and those tiles' completion: the W1 outputs to
+// the block's W2 tasks, the ring slot (W1 has read it) back to role1.
 __device__ __forceinline__ void FinishTask(const LayerParams& p, const TaskDesc& d, int tiles,
-                                           uint64_t start_ns) {
-  if (threadIdx.x != 0) return;
+                                           uint64_t start_ns, int leader = 0) {
+  if (static_cast<int>(threadIdx.x) != leader) return;
   if (p.task_trace != nullptr && d.task < p.task_trace_cap) {
     p.task_trace[d.task].start_ns = start_ns;
     p.task_trace[d.task].done_ns = GlobalTimerNs();
@@ -493,108 +500,86 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
   if (p.dims.world_size > 1) __threadfence_system();
 }
 
-// ---- the decoded-tile kernel (bf16 at BM 64: decoded_wgmma_sm90.cuh) --------------------------
+// ---- the bf16-wgmma kernel (BM 64: bf16_wgmma_sm90.cuh) --------------------------------------
 
-__device__ void DecodeWarpgroup(const LayerParams& p, uint8_t* stage_base, int stages,
-                                int stage_bytes, uint8_t* decoded, DecodedBarriers& bars) {
-  const int a_region = 2 * ARegionBytes(p.dims.shared_intermediate > 0);
-  const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
-  const WaitEnv env = MakeWaitEnv(p, 2);
-  const int tile = threadIdx.x / kConsumerThreads - 1;  // this warpgroup's tile of every task
-  RingCursor ring;
-  RingCursor dec;
-  for (uint32_t desc_iter = 0;; ++desc_iter) {
-    const TaskDesc d = TakeDescriptor(bars.ring, desc_iter, mbar_timeout, env);
-    if (d.kind < 0) break;
-    if (d.kind == kRoutedW1 || d.kind == kRoutedW2) {
-      DecodeTask<true>(d, stage_base, stages, stage_bytes, a_region, decoded, bars, mbar_timeout,
-                       env, ring, dec, tile);
-    } else {
-      DecodeTask<false>(d, stage_base, stages, stage_bytes, a_region, decoded, bars, mbar_timeout,
-                        env, ring, dec, tile);
-    }
-  }
-}
-
-__device__ void MmaWarpgroup(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
-                             const uint8_t* decoded, float* red, DecodedBarriers& bars) {
-  constexpr int BM = kDecodedBm;
-  const int warp = threadIdx.x >> 5;
+// Warpgroup `group` (threads 128 group ..) of the consumers: tile `group` of every task.
+__device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int stages,
+                              int stage_bytes, float* red, Barriers& bars) {
+  const int group = threadIdx.x / kConsumerThreads;
+  const int warp = (threadIdx.x >> 5) & 3;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int a_region = 2 * ARegionBytes(p.dims.shared_intermediate > 0);
+  const int a_tile_region = ARegionBytes(p.dims.shared_intermediate > 0);
   const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
   const WaitEnv env = MakeWaitEnv(p, 2);
+  const uint32_t barrier = kConsumerBarrierId + group;  // this warpgroup's own
+  float* red_tile = red + group * kTileRows * kWideRedPitch;
   RingCursor ring;
-  RingCursor dec;
   for (uint32_t desc_iter = 0;; ++desc_iter) {
-    const TaskDesc d = TakeDescriptor(bars.ring, desc_iter, mbar_timeout, env);
+    const TaskDesc d = TakeDescriptor(bars, desc_iter, mbar_timeout, env);
     if (d.kind < 0) break;
     const uint64_t start_ns = p.task_trace != nullptr ? GlobalTimerNs() : 0;
-    float acc[64];
+    float acc[kWideBm / 2];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-    MmaTask(d, stage_base, stages, stage_bytes, a_region, decoded, bars, mbar_timeout, env, acc,
-            ring, dec);
+    for (int i = 0; i < kWideBm / 2; ++i) acc[i] = 0.0f;
+    if (d.kind == kRoutedW1 || d.kind == kRoutedW2) {
+      RunWideMainloop<true>(d, stage_base, stages, stage_bytes, a_tile_region, bars, mbar_timeout,
+                            env, acc, ring, group);
+    } else {
+      RunWideMainloop<false>(d, stage_base, stages, stage_bytes, a_tile_region, bars, mbar_timeout,
+                             env, acc, ring, group);
+    }
     if (d.scale_shift != 0) {
       const float undo = FloatFromBits(static_cast<uint32_t>(127 + d.scale_shift) << 23);
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[i] *= undo;  // exact: a power of two
+      for (int i = 0; i < kWideBm / 2; ++i) acc[i] *= undo;  // exact: a power of two
     }
-    // red[weight row][token]: acc[4j + q] is token 16 warp + g + 8 (q >> 1), row 8j + 2t + (q & 1).
+    // red[row][token]: acc[4j + q] is row 16 warp + g + 8 (q >> 1), token 8j + 2t + (q & 1) (the
+    // wgmma m64nN accumulator layout; past the MMA width the zeros it was initialized with).
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kWideBm / 8; ++j) {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        red[(8 * j + 2 * t + (q & 1)) * kDecodedRedPitch + 16 * warp + g + 8 * (q >> 1)] =
+        red_tile[(16 * warp + g + 8 * (q >> 1)) * kWideRedPitch + 8 * j + 2 * t + (q & 1)] =
             acc[4 * j + q];
       }
     }
-    NamedBarrier(kConsumerBarrierId, kConsumerThreads);  // red complete
-    TaskEpilogues<BM, 2, true>(p, d, red, kDecodedRedPitch);
-    // Every store of the task is issued and red may be overwritten; thread 0's release below is
-    // cumulative over the warpgroup's W1 outputs (bar.sync is CTA-scope synchronization).
-    NamedBarrier(kConsumerBarrierId, kConsumerThreads);
-    FinishTask(p, d, 2, start_ns);
+    NamedBarrier(barrier, kConsumerThreads);  // red complete
+    TaskEpilogues<kWideBm, 1, true>(p, d, red_tile, kWideRedPitch, group);
+    // Every store of the warpgroup's tile is issued and its red may be overwritten.
+    NamedBarrier(barrier, kConsumerThreads);
+    FinishTask(p, d, 1, start_ns, group * kConsumerThreads);
   }
   if (p.dims.world_size > 1) __threadfence_system();
 }
 
-__global__ void __launch_bounds__(kDecodedThreads, 1)
-    GroupedGemmDecodedKernel(const __grid_constant__ LayerParams p) {
+__global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
+    GroupedGemmWgmmaBf16Kernel(const __grid_constant__ LayerParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  // The swizzled layouts need 1024-aligned atoms (DecodedSmemBytes reserves the slack).
+  // The swizzled layout needs 1024-aligned atoms (WideSmemBytes reserves the slack).
   uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
   const int stages = p.r2_stages;
-  const int stage_bytes = DecodedInputStageBytes(p.dims.shared_intermediate > 0);
-  uint8_t* decoded = smem + static_cast<size_t>(stages) * stage_bytes;
-  float* red = reinterpret_cast<float*>(decoded + kDecodedStages * kDecodedStageBytes);
-  DecodedBarriers& bars =
-      *reinterpret_cast<DecodedBarriers*>(reinterpret_cast<uint8_t*>(red) + kDecodedRedBytes);
+  const int stage_bytes = WideStageBytes(p.dims.shared_intermediate > 0);
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(stages) * stage_bytes);
+  Barriers& bars = *reinterpret_cast<Barriers*>(reinterpret_cast<uint8_t*>(red) + kWideRedBytes);
   if (threadIdx.x == 0) {
     if (p.smid_log != nullptr) p.smid_log[p.role1_grid + blockIdx.x] = SmId();
     for (int s = 0; s < stages; ++s) {
-      MbarInit(SmemAddr(&bars.ring.full[s]), 1);  // the producer's arrive.expect_tx
-      MbarInit(SmemAddr(&bars.ring.empty[s]), kDecodedEmptyArrivals);
+      MbarInit(SmemAddr(&bars.full[s]), 1);  // the producer's arrive.expect_tx
+      MbarInit(SmemAddr(&bars.empty[s]), kWideConsumers);
     }
     for (int i = 0; i < kDescSlots; ++i) {
-      MbarInit(SmemAddr(&bars.ring.desc_full[i]), 1);
-      MbarInit(SmemAddr(&bars.ring.desc_empty[i]), kDecodedEmptyArrivals);
-    }
-    for (int i = 0; i < kDecodedStages; ++i) {
-      MbarInit(SmemAddr(&bars.dec_full[i]), kDecodeWarpgroups * kConsumerThreads);
-      MbarInit(SmemAddr(&bars.dec_empty[i]), kConsumerThreads);
+      MbarInit(SmemAddr(&bars.desc_full[i]), 1);
+      MbarInit(SmemAddr(&bars.desc_empty[i]), kWideConsumers);
     }
     FenceMbarInit();
   }
   __syncthreads();
-  if (threadIdx.x >= (1 + kDecodeWarpgroups) * kConsumerThreads) {
-    Producer<kDecodedBm, GemmKernel::kStreamBf16, true>(p, smem, stages, stage_bytes, bars.ring);
-  } else if (threadIdx.x >= kConsumerThreads) {
-    DecodeWarpgroup(p, smem, stages, stage_bytes, decoded, bars);
+  if (threadIdx.x >= kWideConsumers) {
+    Producer<kWideBm, GemmKernel::kStreamBf16, true>(p, smem, stages, stage_bytes, bars);
   } else {
-    MmaWarpgroup(p, smem, stages, stage_bytes, decoded, red, bars);
+    WideConsumers(p, smem, stages, stage_bytes, red, bars);
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // as GroupedGemmStreamKernel
 }
@@ -662,7 +647,7 @@ StreamKernel KernelFor(int bm) {
 
 // The streaming kernels: every GemmKernel but the stepping stone.
 constexpr GemmKernel kStreamKernels[] = {GemmKernel::kStreamMma, GemmKernel::kStreamWgmma,
-                                         GemmKernel::kStreamBf16, GemmKernel::kDecodedBf16};
+                                         GemmKernel::kStreamBf16, GemmKernel::kWgmmaBf16};
 
 StreamKernel KernelFor(GemmKernel kernel, int bm) {
   switch (kernel) {
@@ -672,8 +657,8 @@ StreamKernel KernelFor(GemmKernel kernel, int bm) {
       return KernelFor<GemmKernel::kStreamWgmma>(bm);
     case GemmKernel::kStreamBf16:
       return KernelFor<GemmKernel::kStreamBf16>(bm);
-    case GemmKernel::kDecodedBf16:
-      return bm == kDecodedBm ? GroupedGemmDecodedKernel : KernelFor<GemmKernel::kStreamBf16>(bm);
+    case GemmKernel::kWgmmaBf16:
+      return bm == kWideBm ? GroupedGemmWgmmaBf16Kernel : KernelFor<GemmKernel::kStreamBf16>(bm);
     default:
       return nullptr;
   }
@@ -707,18 +692,18 @@ cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel which, int bm, Rol
   const StreamKernel kernel = KernelFor(which, bm);
   if (kernel == nullptr) return cudaErrorInvalidValue;
   const bool has_shared = dims.shared_intermediate > 0;
-  const bool decoded = which == GemmKernel::kDecodedBf16 && bm == kDecodedBm;
-  // Below BM 64 `decoded` runs the bf16 kernels.
-  if (which == GemmKernel::kDecodedBf16) which = GemmKernel::kStreamBf16;
-  // As many stages as fit the shared memory of TargetCtasPerSm resident CTAs (the decoded-tile
-  // kernel: one, beside its decoded stages).
-  int stages = decoded ? DecodedInputStages(has_shared)
-                       : StagesFitting(which, bm, has_shared, RedInStage(which, bm, has_shared));
+  const bool wide = which == GemmKernel::kWgmmaBf16 && bm == kWideBm;
+  // Below BM 64 `bf16-wgmma` runs the bf16 kernels.
+  if (which == GemmKernel::kWgmmaBf16) which = GemmKernel::kStreamBf16;
+  // As many stages as fit the shared memory of TargetCtasPerSm resident CTAs (the bf16-wgmma
+  // kernel: one).
+  int stages = wide ? WideStages(has_shared)
+                    : StagesFitting(which, bm, has_shared, RedInStage(which, bm, has_shared));
   stages = stages < kMinStages ? kMinStages : (stages > kMaxStages ? kMaxStages : stages);
-  shape->threads = decoded ? kDecodedThreads : kStreamThreads;
+  shape->threads = wide ? kWideThreads : kStreamThreads;
   shape->stages = stages;
-  shape->smem_bytes = decoded ? DecodedSmemBytes(has_shared, stages)
-                              : StreamSmemBytes(which, bm, has_shared, stages);
+  shape->smem_bytes =
+      wide ? WideSmemBytes(has_shared, stages) : StreamSmemBytes(which, bm, has_shared, stages);
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&shape->blocks_per_sm, kernel,
                                                        shape->threads, shape->smem_bytes);
 }

@@ -40,8 +40,8 @@ const char* GemmKernelName(GemmKernel kernel) {
       return "wgmma";
     case GemmKernel::kStreamBf16:
       return "bf16";
-    case GemmKernel::kDecodedBf16:
-      return "decoded";
+    case GemmKernel::kWgmmaBf16:
+      return "bf16-wgmma";
   }
   return "unknown";
 }
@@ -238,8 +238,8 @@ cudaError_t LayerGraph::Allocate() {
                 {kMapH, h_q_, rows_all_, I},
                 {kMapXbf, x_bf_, cap_rows, H},
                 {kMapHs, hs_q_, cap_rows, Is}};
-    // The K32 set for the mma.sync kernels; the K64 set only where the decoded-tile kernel runs.
-    const bool wide = options_.gemm == GemmKernel::kDecodedBf16;
+    // The K32 set for the mma.sync kernels; the K64 set only where the bf16-wgmma kernel runs.
+    const bool wide = options_.gemm == GemmKernel::kWgmmaBf16;
     TmaMap host[2 * kNumActMaps] = {};
     for (const auto& m : maps) {
       if (m.base == nullptr || m.cols == 0) continue;  // no shared expert
@@ -247,7 +247,7 @@ cudaError_t LayerGraph::Allocate() {
         err = EncodeBf16TileMap(m.base, m.rows, m.cols, TmaBox::kK32Rows8, &host[m.map]);
       }
       if (err == cudaSuccess && wide) {
-        err = EncodeBf16TileMap(m.base, m.rows, m.cols, TmaBox::kK64Rows64Swizzled,
+        err = EncodeBf16TileMap(m.base, m.rows, m.cols, TmaBox::kK64Rows16Swizzled,
                                 &host[kNumActMaps + m.map]);
       }
     }
@@ -302,7 +302,7 @@ LayerParams LayerGraph::Params(int bm_index) const {
   p.role2_grid = role2_grid(bm);
   p.r2_stages = role2_shape_[bm_index].stages;
   p.r2_tiles_per_task = Role2TilesPerTask(options_.gemm, bm);
-  p.act_bf16 = UsesBf16Operands(options_.gemm) ? 1 : 0;
+  p.act_bf16 = Bf16ActOrder(options_.gemm, bm);
   p.header = header_;
   p.blocks = blocks_;
   p.routes = routes_;

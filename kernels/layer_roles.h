@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/bf16_operands.h"
 #include "kernels/host_device.h"
 #include "kernels/layer_types.h"
 
@@ -36,26 +37,35 @@ enum class GemmKernel : int {
   // sums each K32 block's products at reduced precision, and after the E4M3 requantization of
   // h two GPU tests exceed calc_diff 1e-4 (docs/PERFORMANCE.md); opt-in until that is fixed.
   kStreamWgmma = 2,
-  // The default: the same pipeline with exact BF16 operands. Weights decoded to BF16 times their
-  // block scale in registers, activations read as BF16 rows written once per block (role1's
-  // pull, the W1 epilogue: LayerParams::act_bf16), mma.sync m16n8k16 BF16 summing the whole K
-  // in FP32: no E4M3 operand conversions (sm_90 emulates E4M3 mma.sync on the FP16 tensor
-  // cores) and no per-K32 scale folding. 1.12-1.33x faster than `stream` and as accurate
+  // The same pipeline with exact BF16 operands (`bf16`; the default below BM 64). Weights decoded
+  // to BF16 times their block scale in registers, activations read as BF16 rows written once per
+  // block (role1's pull, the W1 epilogue: LayerParams::act_bf16), mma.sync m16n8k16 BF16 summing
+  // the whole K in FP32: no E4M3 operand conversions (sm_90 emulates E4M3 mma.sync on the FP16
+  // tensor cores) and no per-K32 scale folding. 1.12-1.33x faster than `stream` and as accurate
   // (docs/PERFORMANCE.md). Needs its own lane-word placement (TileFormat::kE2M1Bf16); block
   // scales above its multipliers' range load shifted (StepHeader::scale_shift).
   kStreamBf16 = 3,
-  // Opt-in (`decoded`): kStreamBf16, except that BM 64 runs the decoded-tile kernel
-  // (decoded_wgmma_sm90.cuh): a decode warpgroup per tile writes the task's weights once as BF16
-  // tiles in shared memory, and one MMA warpgroup multiplies them with all 64 tokens of the block
-  // by shared-memory wgmma m64n128k16. Same operands and numerics as kStreamBf16; measured
-  // 1.3-2.0x slower than kStreamBf16's BM 32 at 64-256 tokens per rank (docs/PERFORMANCE.md,
-  // session 9), latency-bound for a reason not yet found.
-  kDecodedBf16 = 4,
+  // The default (`bf16-wgmma`): kStreamBf16, except that BM 64 runs the register-A wgmma kernel
+  // (bf16_wgmma_sm90.cuh): the same decoded weights as the A registers of wgmma m64nNk16, two
+  // consumer warpgroups (one per tile of the task), two CTAs per SM, and the block's tokens read
+  // by the tensor core from shared memory, so the MMAs run asynchronously to the decode. Same
+  // operands and numerics; its graph writes the BF16 rows in the wgmma order (Bf16ActOrder).
+  // 1.09-1.27x faster than kStreamBf16's BM 32 at 32-64 rows per expert, 1.1-1.26x slower at
+  // 8-16 (docs/PERFORMANCE.md, session 11): the block-size rule picks 64 from a mean of 22.6.
+  kWgmmaBf16 = 4,
 };
 // Kernels reading exact BF16 operands: the kE2M1Bf16 weight tiles and BF16 activation rows
 // (LayerParams::act_bf16).
 GCMOE_HOST_DEVICE constexpr bool UsesBf16Operands(GemmKernel kernel) {
-  return kernel == GemmKernel::kStreamBf16 || kernel == GemmKernel::kDecodedBf16;
+  return kernel == GemmKernel::kStreamBf16 || kernel == GemmKernel::kWgmmaBf16;
+}
+// LayerParams::act_bf16 of a graph: 0 (E4M3 rows), or the K order of its BF16 rows
+// (bf16_operands.h): kBf16WgmmaOrder where the bf16-wgmma kernel runs (BM 64), else
+// kBf16MmaOrder.
+GCMOE_HOST_DEVICE constexpr int Bf16ActOrder(GemmKernel kernel, int bm) {
+  return !UsesBf16Operands(kernel)                      ? 0
+         : kernel == GemmKernel::kWgmmaBf16 && bm == 64 ? kBf16WgmmaOrder
+                                                        : kBf16MmaOrder;
 }
 const char* GemmKernelName(GemmKernel kernel);
 

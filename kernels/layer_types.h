@@ -251,9 +251,10 @@ struct LayerParams {
   int32_t role2_grid = 0;         // role2's CTAs (role3 checks the task claims against it)
   int32_t r2_stages = 0;          // shared-memory stages of the streaming role2 (0: stepping stone)
   int32_t r2_tiles_per_task = 1;  // Role2TilesPerTask of the graph's kernel and BM
-  // 1 with the bf16 role2: ring, h_q and hs_q hold BF16 rows (2 bytes per value, each 32-value
-  // block in block column order: bf16_operands.h), x_bf the shared expert's input; the scale
-  // arrays of those three stay unused. x_q / x_s (what peers read) stay E4M3.
+  // Nonzero with the bf16 role2: ring, h_q and hs_q hold BF16 rows (2 bytes per value, each
+  // 32-value block in the K order this value names, kBf16MmaOrder or kBf16WgmmaOrder:
+  // bf16_operands.h, Bf16ActOrder), x_bf the shared expert's input; the scale arrays of those
+  // three stay unused. x_q / x_s (what peers read) stay E4M3.
   int32_t act_bf16 = 0;
 
   const StepHeader* header;
@@ -294,8 +295,8 @@ struct LayerParams {
   uint16_t* a2a_ret_send;  // [world * capacity * k, H] partials of the received records
   uint16_t* a2a_ret_recv;  // [capacity * k, H] partials of the sent records, in send order
   // The bf16 role2 kernels: device [2][kNumActMaps], ring, h_q, x_bf and hs_q as TMA maps
-  // (tma_map.h), first with K32 boxes of 8 rows (the mma.sync kernels), then with K64 boxes of 64
-  // rows (the decoded-tile kernel; zero unless it runs). Written by the host before any launch.
+  // (tma_map.h), first with K32 boxes of 8 rows (the mma.sync kernels), then with K64 boxes of 16
+  // rows (the bf16-wgmma kernel; zero unless it runs). Written by the host before any launch.
   // In device memory, not here: 1 KiB more of parameters cost every launch (BM 8 steps 1-4 %
   // slower, measured, H200, 2026-12-02).
   const TmaMap* act_maps;

@@ -14,11 +14,12 @@
 
 namespace gcmoe::kernels {
 
-// One 32-value block (8 words of E4M3 codes, its scale code) as BF16 in block column order.
+// One 32-value block (8 words of E4M3 codes, its scale code) as BF16 in `order`
+// (LayerParams::act_bf16, bf16_operands.h).
 __device__ __forceinline__ void StoreBf16Block(const uint32_t (&codes)[8], uint32_t scale_code,
-                                               uint16_t* dst) {
+                                               int order, uint16_t* dst) {
   uint32_t out[16];
-  E4m3BlockToBf16(codes, scale_code, out);
+  E4m3BlockToBf16(codes, scale_code, order, out);
   uint4* d = reinterpret_cast<uint4*>(dst);
 #pragma unroll
   for (int u = 0; u < 4; ++u)
@@ -28,30 +29,32 @@ __device__ __forceinline__ void StoreBf16Block(const uint32_t (&codes)[8], uint3
 // Block b (32 values) of an E4M3 row (codes, scales) as the bf16 role2's BF16 values, one thread.
 // `fresh`: another GPU's row, read afresh (ld.cv), never from a line this GPU cached earlier.
 __device__ __forceinline__ void E4m3BlockToBf16Row(const uint8_t* codes, const uint8_t* scales,
-                                                   int b, bool fresh, uint16_t* dst) {
+                                                   int b, bool fresh, int order, uint16_t* dst) {
   const uint8_t* src = codes + b * 32;
   const uint4 lo = fresh ? LdCv128(src) : LdCg128(src);
   const uint4 hi = fresh ? LdCv128(src + 16) : LdCg128(src + 16);
   const uint32_t* word = reinterpret_cast<const uint32_t*>(scales + (b / 4) * 4);
   const uint32_t scale_word = fresh ? LdCv32(word) : LdCg32(word);
   const uint32_t block[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-  StoreBf16Block(block, (scale_word >> (8 * (b % 4))) & 0xFFu, dst + b * 32);
+  StoreBf16Block(block, (scale_word >> (8 * (b % 4))) & 0xFFu, order, dst + b * 32);
 }
 
 // The bf16 role2's BF16 row of an E4M3 row: lane per 32-value block.
 __device__ __forceinline__ void WarpRowToBf16(const uint8_t* codes, const uint8_t* scales,
-                                              int hidden_size, int lane, bool fresh,
+                                              int hidden_size, int lane, bool fresh, int order,
                                               uint16_t* dst) {
 #pragma unroll 2
   for (int b = lane; b < hidden_size / 32; b += 32)
-    E4m3BlockToBf16Row(codes, scales, b, fresh, dst);
+    E4m3BlockToBf16Row(codes, scales, b, fresh, order, dst);
 }
 
 // Block b (32 values) of request row `row`, one thread: 32 values in, 32 E4M3 codes and one
-// scale out (and, with x_bf, the block's BF16 values); an FP8 request block is copied as it is.
+// scale out (and, with x_bf, the block's BF16 values in `order`); an FP8 request block is copied
+// as it is.
 __device__ __forceinline__ void QuantizeBlock(const void* hidden, const uint8_t* hidden_scales,
                                               int in_dtype, int hidden_size, int row, int b,
-                                              uint8_t* x_q, uint8_t* x_s, uint16_t* x_bf) {
+                                              uint8_t* x_q, uint8_t* x_s, uint16_t* x_bf,
+                                              int order) {
   const int blocks = hidden_size / 32;
   const int64_t row_offset = static_cast<int64_t>(row) * hidden_size;
   uint8_t* q_row = x_q + row_offset;
@@ -64,7 +67,7 @@ __device__ __forceinline__ void QuantizeBlock(const void* hidden, const uint8_t*
     s_row[b] = hidden_scales[static_cast<int64_t>(row) * blocks + b];
     if (x_bf != nullptr) {
       E4m3BlockToBf16Row(static_cast<const uint8_t*>(hidden) + row_offset,
-                         hidden_scales + static_cast<int64_t>(row) * blocks, b, false,
+                         hidden_scales + static_cast<int64_t>(row) * blocks, b, false, order,
                          x_bf + row_offset);
     }
     return;
@@ -116,16 +119,16 @@ __device__ __forceinline__ void QuantizeBlock(const void* hidden, const uint8_t*
   dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
   dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
   s_row[b] = static_cast<uint8_t>(code);
-  if (x_bf != nullptr) StoreBf16Block(packed, code, x_bf + row_offset + b * 32);
+  if (x_bf != nullptr) StoreBf16Block(packed, code, order, x_bf + row_offset + b * 32);
 }
 
 // Lane `lane` converts blocks lane, lane + 32, ... of row `row` (QuantizeBlock).
 __device__ __forceinline__ void QuantizeRowWarp(const void* hidden, const uint8_t* hidden_scales,
                                                 int in_dtype, int hidden_size, int row, int lane,
-                                                uint8_t* x_q, uint8_t* x_s,
-                                                uint16_t* x_bf = nullptr) {
+                                                uint8_t* x_q, uint8_t* x_s, uint16_t* x_bf,
+                                                int order) {
   for (int b = lane; b < hidden_size / 32; b += 32) {
-    QuantizeBlock(hidden, hidden_scales, in_dtype, hidden_size, row, b, x_q, x_s, x_bf);
+    QuantizeBlock(hidden, hidden_scales, in_dtype, hidden_size, row, b, x_q, x_s, x_bf, order);
   }
 }
 

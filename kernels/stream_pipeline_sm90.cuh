@@ -12,8 +12,8 @@
 //            BM 16 on its B comes by TMA boxes (tma_map.h) counted in the expect_tx and each lane
 //            arrives right after issuing its box; at BM 8 each lane's arrival is a
 //            cp.async.mbarrier.arrive behind its copies (mma.sync reads B with generic loads, so
-//            no proxy fence is due). The decoded-tile kernel's full barrier counts only the
-//            expect_tx arrival (decoded_wgmma_sm90.cuh).
+//            no proxy fence is due). The bf16-wgmma kernel's full barrier counts only the
+//            expect_tx arrival (bf16_wgmma_sm90.cuh).
 //   empty[s] count 128: every consumer thread, after the MMAs reading the stage completed
 //            (wgmma: wait_group 0) and a proxy fence behind its own shared loads (the refill's bulk
 //            copy writes through the async proxy); the producer waits on it before refilling.

@@ -19,7 +19,7 @@ cudaError_t EncodeBf16TileMap(const void* base, int64_t rows, int64_t cols, TmaB
   if (encode == nullptr || rows <= 0 || cols <= 0 || cols % 64 != 0) return cudaErrorInvalidValue;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};  // bytes, of dim 1
-  const bool wide = box == TmaBox::kK64Rows64Swizzled;
+  const bool wide = box == TmaBox::kK64Rows16Swizzled;
   const cuuint32_t box_dims[2] = {wide ? 64u : 32u,
                                   static_cast<cuuint32_t>(wide ? kTmaWideRows : kTmaRowGroup)};
   const cuuint32_t element_strides[2] = {1, 1};

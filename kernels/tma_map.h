@@ -4,7 +4,7 @@
 //   - K32 boxes: 32 values (64 bytes) by kTmaRowGroup rows, unswizzled: one K32 block of 8 token
 //     rows in the mma.sync kernels' B layout (stream_pipeline_sm90.cuh).
 //   - K64 boxes: 64 values (128 bytes) by kTmaWideRows rows with the 128-byte swizzle: one K half
-//     of the decoded-tile kernel's token block, in the K-major layout wgmma reads.
+//     of 16 rows of the bf16-wgmma kernel's token block, in the K-major layout wgmma reads.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,9 +16,9 @@
 namespace gcmoe::kernels {
 
 inline constexpr int kTmaRowGroup = 8;
-inline constexpr int kTmaWideRows = 64;  // the decoded-tile kernel's block (kDecodedBm)
+inline constexpr int kTmaWideRows = 16;  // the bf16-wgmma kernel's MMA widths are multiples
 
-enum class TmaBox { kK32Rows8, kK64Rows64Swizzled };
+enum class TmaBox { kK32Rows8, kK64Rows16Swizzled };
 
 // Encodes `base` ([rows, cols] BF16, row pitch cols * 2 bytes; cols a multiple of 64, base
 // 16-byte aligned) into *map. cudaErrorInvalidValue when the driver lacks

@@ -84,10 +84,10 @@ int RunBenchLayer(int argc, char** argv) {
   flags.Int("seed", &seed, "seed of the routing, activations and random weights");
   flags.String("json", &json_path, "also write the results as JSON (for bench/torch_peer.py)");
   flags.String("gemm", &gemm,
-               "role2 kernel: bf16 (default: exact BF16 operands, mma.sync BF16), decoded (bf16, "
-               "with weights decoded to shared memory and shared-memory wgmma at BM 64), stream "
-               "(the same pipeline, E4M3 mma.sync for W1, FP8 wgmma for W2), wgmma (register-A "
-               "FP8 wgmma) or mma (stepping stone); sets GCMOE_CUDA_GEMM");
+               "role2 kernel: bf16-wgmma (default: exact BF16 operands, mma.sync BF16 below BM "
+               "64, register-A BF16 wgmma at BM 64), bf16 (mma.sync at every BM), stream (the "
+               "same pipeline, E4M3 mma.sync for W1, FP8 wgmma for W2), wgmma (register-A FP8 "
+               "wgmma) or mma (stepping stone); sets GCMOE_CUDA_GEMM");
   flags.Int("dispatch-sms", &dispatch_sms,
             "SMs requested for the dispatch partition (-1 = the config's; 0 = one context, "
             "dispatch then GEMM: overlap off)");

@@ -187,13 +187,47 @@ TEST(Bf16Operands, BlockIsTheExactValuesInLaneUnitOrder) {
       words[l / 4] |= static_cast<uint32_t>(codes[l]) << (8 * (l % 4));
     }
     const uint32_t scale = 105 + rng() % 40;
-    uint32_t out[16];
-    E4m3BlockToBf16(words, scale, out);
-    for (int l = 0; l < 32; ++l) {
-      const int c = Bf16BlockColumn(l);
-      const double want =
-          numerics::DecodeE4M3(codes[l]) * numerics::DecodeUE8M0(static_cast<uint8_t>(scale));
-      ASSERT_EQ(Half(out[c / 2], c % 2), want) << "element " << l << " trial " << trial;
+    for (int order : {kBf16MmaOrder, kBf16WgmmaOrder}) {
+      uint32_t out[16];
+      E4m3BlockToBf16(words, scale, order, out);
+      for (int l = 0; l < 32; ++l) {
+        const int c = Bf16BlockColumn(l, order);
+        const double want =
+            numerics::DecodeE4M3(codes[l]) * numerics::DecodeUE8M0(static_cast<uint8_t>(scale));
+        ASSERT_EQ(Half(out[c / 2], c % 2), want)
+            << "element " << l << " order " << order << " trial " << trial;
+      }
+    }
+  }
+}
+
+// The wgmma order against the register-A wgmma m64nNk16 operand layout (PTX ISA): lane t's A
+// registers of K16 step s are columns 2t, 2t+1 (register 0) and 2t+8, 2t+9 (register 2) of the
+// step, and the tensor core reads the step's B column c at byte 2c of its 32 bytes of a row. The
+// bf16-wgmma kernel fills step s's registers 0 and 2 with DecodeWeightUnit's registers 2s and
+// 2s+1, which hold the lane word's logical positions 16 s + 4 t + {0, 1} and 16 s + 4 t + {2, 3}:
+// the row must hold exactly those at the matching columns.
+TEST(Bf16Operands, WgmmaOrderMeetsTheRegisterAFragments) {
+  int seen[32] = {};
+  for (int l = 0; l < 32; ++l) ++seen[Bf16BlockColumn(l, kBf16WgmmaOrder)];
+  for (int c = 0; c < 32; ++c) ASSERT_EQ(seen[c], 1) << "column " << c;
+  for (int s = 0; s < 2; ++s) {
+    for (int t = 0; t < 4; ++t) {
+      for (int e = 0; e < 2; ++e) {
+        EXPECT_EQ(Bf16BlockColumn(16 * s + 4 * t + e, kBf16WgmmaOrder), 16 * s + 2 * t + e);
+        EXPECT_EQ(Bf16BlockColumn(16 * s + 4 * t + 2 + e, kBf16WgmmaOrder), 16 * s + 8 + 2 * t + e);
+      }
+    }
+  }
+  EXPECT_EQ(Bf16BlockColumn(32 * 3 + 9, kBf16WgmmaOrder),
+            32 * 3 + Bf16BlockColumn(9, kBf16WgmmaOrder));
+  // Bf16BlockPairAt inverts both orders on pairs.
+  for (int order : {kBf16MmaOrder, kBf16WgmmaOrder}) {
+    for (int lp = 0; lp < 16; ++lp) {
+      const int c = Bf16BlockColumn(2 * lp, order);
+      ASSERT_EQ(c % 2, 0);
+      ASSERT_EQ(Bf16BlockColumn(2 * lp + 1, order), c + 1);
+      EXPECT_EQ(Bf16BlockPairAt(c / 2, order), lp) << "order " << order;
     }
   }
 }

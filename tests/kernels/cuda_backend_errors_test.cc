@@ -42,13 +42,13 @@ TEST(CudaBackendCreate, Role2KernelIsBf16UnlessGcmoeCudaGemmNamesAnother) {
     EXPECT_TRUE(kernel.ok()) << kernel.status().ToString();
     return kernel.ok() ? *kernel : GemmKernel::kStreamWgmma;
   };
-  EXPECT_EQ(chosen(nullptr), GemmKernel::kStreamBf16);
-  EXPECT_EQ(chosen(""), GemmKernel::kStreamBf16);
+  EXPECT_EQ(chosen(nullptr), GemmKernel::kWgmmaBf16);
+  EXPECT_EQ(chosen(""), GemmKernel::kWgmmaBf16);
   EXPECT_EQ(chosen("stream"), GemmKernel::kStreamMma);
   EXPECT_EQ(chosen("mma"), GemmKernel::kMmaSync);
   EXPECT_EQ(chosen("wgmma"), GemmKernel::kStreamWgmma);
   EXPECT_EQ(chosen("bf16"), GemmKernel::kStreamBf16);
-  EXPECT_EQ(chosen("decoded"), GemmKernel::kDecodedBf16);
+  EXPECT_EQ(chosen("bf16-wgmma"), GemmKernel::kWgmmaBf16);
   auto unknown = ChooseRole2Kernel("cutlass");
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
@@ -79,14 +79,13 @@ TEST(CudaBackendBlockRows, MatchesTheMeasuredFastestBlockSize) {
   for (const auto& [mean, bm] : bf16) {
     EXPECT_EQ(BlockRowsForMeanRows(GemmKernel::kStreamBf16, mean), bm) << mean;
   }
-  // `decoded`: bf16's sizes, and its own kernel at BM 64 once a block fills.
-  const std::pair<double, int> decoded[] = {{0.5, 8}, {8, 16},  {16, 32},
-                                            {22, 32}, {32, 64}, {64, 64}};
-  for (const auto& [mean, bm] : decoded) {
-    EXPECT_EQ(BlockRowsForMeanRows(GemmKernel::kDecodedBf16, mean), bm) << mean;
+  // `bf16-wgmma`: bf16's sizes, and its own kernel at BM 64 once a block fills.
+  const std::pair<double, int> wide[] = {{0.5, 8}, {8, 16}, {16, 32}, {22, 32}, {32, 64}, {64, 64}};
+  for (const auto& [mean, bm] : wide) {
+    EXPECT_EQ(BlockRowsForMeanRows(GemmKernel::kWgmmaBf16, mean), bm) << mean;
   }
   for (GemmKernel kernel :
-       {GemmKernel::kStreamMma, GemmKernel::kStreamBf16, GemmKernel::kDecodedBf16}) {
+       {GemmKernel::kStreamMma, GemmKernel::kStreamBf16, GemmKernel::kWgmmaBf16}) {
     EXPECT_EQ(BlockRowsForMeanRows(kernel, 0.0), 8);
     // Never smaller for more rows.
     int last = 8;

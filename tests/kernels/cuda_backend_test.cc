@@ -89,7 +89,7 @@ TEST_F(CudaBackendTest, RoutingPatternsMatchCpu) {
 // streaming kernels' valid-M sizing (8..64) and both weight formats run; K = 128 and 256 give
 // one- and two-chunk tasks, so the stage ring wraps inside and across tasks.
 TEST_F(CudaBackendTest, EveryGemmKernelAtEveryBlockSizeMatchesCpu) {
-  for (const char* gemm : {"bf16", "decoded", "wgmma", "stream", "mma"}) {
+  for (const char* gemm : {"bf16", "bf16-wgmma", "wgmma", "stream", "mma"}) {
     for (bool shared : {false, true}) {
       const engine::ModelSpec spec = SmallModel(shared);
       server::RandomCodeWeightSource weights(spec, 13);
@@ -332,12 +332,13 @@ TEST_F(CudaBackendTest, SanitizerCase) {
     const StepInputs in = MakeInputs(spec, 9, DType::kBF16, routing, &rng);
     ExpectMatch(pair.get(), in, ++generation_, "sanitizer case");
   }
-  // The decoded-tile kernel's own rings and warpgroups (`decoded` at BM 64), routed and shared.
-  auto decoded = BackendPair::Create(spec, 16, weights, {"GCMOE_CUDA_GEMM=decoded"});
-  ASSERT_NE(decoded, nullptr);
-  ASSERT_TRUE(decoded->cuda()->ForceBlockRows(64).ok());
+  // The bf16-wgmma kernel's own ring, warpgroups and row order (`bf16-wgmma` at BM 64), routed
+  // and shared.
+  auto wide = BackendPair::Create(spec, 16, weights, {"GCMOE_CUDA_GEMM=bf16-wgmma"});
+  ASSERT_NE(wide, nullptr);
+  ASSERT_TRUE(wide->cuda()->ForceBlockRows(64).ok());
   const StepInputs in = MakeInputs(spec, 9, DType::kBF16, Routing::kUniform, &rng);
-  ExpectMatch(decoded.get(), in, ++generation_, "sanitizer case, decoded BM 64");
+  ExpectMatch(wide.get(), in, ++generation_, "sanitizer case, bf16-wgmma BM 64");
 }
 
 }  // namespace
