@@ -68,17 +68,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
                            options.exchange + "\"");
   }
   const bool alltoall = options.exchange == "nccl";
-  const char* requested_gemm =
-      !options.role2_kernel.empty() ? options.role2_kernel.c_str() : std::getenv("GCMOE_CUDA_GEMM");
-  GCMOE_ASSIGN_OR_RETURN(kernels::GemmKernel gemm, ChooseRole2Kernel(requested_gemm));
-  // With a shared expert the bf16-wgmma kernel's E4M3 chunks leave room for one CTA per SM, where
-  // it measured slower than bf16's BM 32 (I_s = I, same run: GLM-5.2 T = 128 550 against 444 us,
-  // DeepSeek-V4.1-Flash T = 256 780 against 676; docs/PERFORMANCE.md, session 11): the default
-  // is then bf16.
-  if (gemm == kernels::GemmKernel::kWgmmaBf16 && m.shared_intermediate > 0 &&
-      (requested_gemm == nullptr || *requested_gemm == '\0')) {
-    gemm = kernels::GemmKernel::kStreamBf16;
-  }
+  GCMOE_ASSIGN_OR_RETURN(
+      const kernels::GemmKernel gemm,
+      ChooseRole2Kernel(!options.role2_kernel.empty() ? options.role2_kernel.c_str()
+                                                      : std::getenv("GCMOE_CUDA_GEMM")));
   if (m.hidden % 128 != 0 || m.intermediate % 128 != 0 || m.shared_intermediate % 128 != 0) {
     return InvalidArgument(
         "cuda backend: model.hidden, model.intermediate and "

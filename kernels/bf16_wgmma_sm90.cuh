@@ -13,7 +13,8 @@
 // one TMA box of 16 rows per K half and 16-row group of valid rows), then both tiles' chunks.
 // full: 1 arrival, the producer's expect_tx of every byte (both copies are async-proxy writes,
 // and wgmma reads through the async proxy: no proxy fence); empty: 256, every consumer thread
-// once the wgmma of the stage's last K32 block completed.
+// once the wgmma of the stage's last K32 block completed, or for a task's last stage, which takes
+// the task's results (BF16, both warpgroups' tiles), once its warpgroup's epilogue read them.
 //
 // The MMA width N is the valid rows rounded up to 16 (valid-M sizing); the columns past the
 // valid rows multiply whatever the stage holds there and are never stored.
@@ -41,26 +42,27 @@ inline constexpr int kWideConsumers = kWideGroups * kConsumerThreads;
 inline constexpr int kWideThreads = kWideConsumers + 32;
 inline constexpr int kWideTokenHalfBytes = kWideBm * 128;
 inline constexpr int kWideTokenBytes = 2 * kWideTokenHalfBytes;
-// A warpgroup's FP32 results, red[weight row 0..63][token], padded against conflicts.
-inline constexpr int kWideRedPitch = kWideBm + 1;
-inline constexpr int kWideRedBytes = kWideGroups * kTileRows * kWideRedPitch * 4;
+// A warpgroup's results as BF16, red[weight row 0..63][token] (pitch in values, padded against
+// conflicts), written over the stage of the task's last chunk once both warpgroups are done with
+// it: exact, as both epilogues round each result to BF16 first (gemm_epilogue_sm90.cuh).
+inline constexpr int kWideRedPitch = kWideBm + 8;
+inline constexpr int kWideRedBytes = kWideGroups * kTileRows * kWideRedPitch * 2;
 
 // A stage: the token rows, then the chunks of both tiles, padded to the swizzle atom.
 __host__ __device__ constexpr int WideStageBytes(bool has_shared) {
   return (kWideTokenBytes + kWideGroups * ARegionBytes(has_shared) + 1023) / 1024 * 1024;
 }
-// Stages that fit `ctas` resident CTAs per SM, each with its results (the 1024-byte alignment of
-// the layout may cost up to 1023 bytes at the start).
+// Stages that fit `ctas` resident CTAs per SM (the results go over a stage; the 1024-byte
+// alignment of the layout may cost up to 1023 bytes at the start).
 __host__ __device__ constexpr int WideStagesAt(bool has_shared, int ctas) {
-  return (kSmemPerSm / ctas - kSmemReservedPerCta - 1024 - kWideRedBytes -
-          static_cast<int>(sizeof(Barriers))) /
+  return (kSmemPerSm / ctas - kSmemReservedPerCta - 1024 - static_cast<int>(sizeof(Barriers))) /
          WideStageBytes(has_shared);
 }
 // Two CTAs per SM (four warpgroups, each pair with its own ring and tasks, so that one's decode,
 // waits and epilogue leave the tensor core to the others: one CTA of two warpgroups measured
 // 1.34-1.39x slower, one CTA of four with four-tile tasks sharing one ring 1.03-1.10x slower,
-// docs/PERFORMANCE.md) wherever two leave kMinStages each: not with the shared expert's E4M3
-// chunks, which run one CTA per SM.
+// docs/PERFORMANCE.md) wherever two leave kMinStages each: 4 stages each, 3 with the shared
+// expert's E4M3 chunks.
 inline constexpr int kWideMaxCtasPerSm = 2;
 __host__ __device__ constexpr int WideCtasPerSm(bool has_shared) {
   return WideStagesAt(has_shared, kWideMaxCtasPerSm) >= kMinStages ? kWideMaxCtasPerSm : 1;
@@ -69,9 +71,9 @@ __host__ __device__ constexpr int WideStages(bool has_shared) {
   return WideStagesAt(has_shared, WideCtasPerSm(has_shared));
 }
 __host__ __device__ constexpr size_t WideSmemBytes(bool has_shared, int stages) {
-  return 1024 + static_cast<size_t>(stages) * WideStageBytes(has_shared) + kWideRedBytes +
-         sizeof(Barriers);
+  return 1024 + static_cast<size_t>(stages) * WideStageBytes(has_shared) + sizeof(Barriers);
 }
+static_assert(kWideRedBytes <= WideStageBytes(false));
 static_assert(WideStages(true) >= kMinStages);
 static_assert(kWideTokenBytes % 1024 == 0);
 
@@ -89,7 +91,7 @@ template <int N, bool kFp4>
 __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_bytes,
                                           int a_tile_region, Barriers& bars, uint64_t mbar_timeout,
                                           const WaitEnv& env, float (&acc)[N / 2],
-                                          const RingCursor& ring, int group) {
+                                          const RingCursor& ring, int group, bool release) {
   constexpr TileFormat kFormat = kFp4 ? TileFormat::kE2M1Bf16 : TileFormat::kE4M3;
   constexpr uint32_t kBias = kFp4 ? kE2m1Bf16ScaleBias : kE4m3Bf16ScaleBias;
   constexpr int kPayload = ChunkPayloadBytes(kFormat);
@@ -144,8 +146,10 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
       WgmmaWait<0>();
     }
   }
-  FenceProxyAsyncShared();  // behind this thread's generic loads of the stage (the refill)
-  MbarArrive(SmemAddr(&bars.empty[ring.stage]));
+  if (release) {
+    FenceProxyAsyncShared();  // behind this thread's generic loads of the stage (the refill)
+    MbarArrive(SmemAddr(&bars.empty[ring.stage]));
+  }
 }
 
 // Warpgroup `group`'s K loop of one task at MMA width N. Each chunk ends drained: with a group
@@ -163,7 +167,7 @@ __device__ __forceinline__ void WideMainloop(const TaskDesc& d, const uint8_t* s
   for (int i = 0; i < N / 2; ++i) FenceOperand(acc[i]);  // zeroed before the first wgmma
   for (int c = 0; c < chunks; ++c, ring.Advance(stages)) {
     WideChunk<N, kFp4>(stage_base, stage_bytes, a_tile_region, bars, mbar_timeout, env, acc, ring,
-                       group);
+                       group, c + 1 < chunks);  // the last stage is held for the results
   }
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) FenceOperand(acc[i]);

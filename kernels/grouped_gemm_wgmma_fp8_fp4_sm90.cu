@@ -360,17 +360,24 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
 // red[tile row 64 s + r][token] (`pitch` floats per row) complete and visible.
 // `tile_offset`: the task's tile the first of them is (the bf16-wgmma kernel's warpgroup 1 runs
 // tile 1 alone).
-template <int BM, int kTiles, bool kBf16Out>
+// `red` holds FP32 or (uint16_t) BF16 results.
+template <int BM, int kTiles, bool kBf16Out, typename Red>
 __device__ __forceinline__ void TaskEpilogues(const LayerParams& p, const TaskDesc& d,
-                                              const float* red, int pitch, int tile_offset = 0) {
+                                              const Red* red, int pitch, int tile_offset = 0) {
   constexpr int64_t kActBytes = kBf16Out ? 2 : 1;  // of h_q, hs_q
   const int I = p.dims.intermediate;
   const int Is = p.dims.shared_intermediate;
   const int64_t first = static_cast<int64_t>(d.block) * BM;
 #pragma unroll
   for (int s = 0; s < kTiles; ++s) {
-    const float* red_tile = red + s * kTileRows * pitch;
-    auto red_at = [red_tile, pitch](int r, int n) { return red_tile[r * pitch + n]; };
+    const Red* red_tile = red + s * kTileRows * pitch;
+    auto red_at = [red_tile, pitch](int r, int n) {
+      if constexpr (sizeof(Red) == 2) {
+        return Bf16ToFloat(red_tile[r * pitch + n]);
+      } else {
+        return red_tile[r * pitch + n];
+      }
+    };
     const int tile = d.tile + tile_offset + s;
     switch (d.kind) {
       case kSharedW1:
@@ -504,7 +511,7 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
 
 // Warpgroup `group` (threads 128 group ..) of the consumers: tile `group` of every task.
 __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int stages,
-                              int stage_bytes, float* red, Barriers& bars) {
+                              int stage_bytes, Barriers& bars) {
   const int group = threadIdx.x / kConsumerThreads;
   const int warp = (threadIdx.x >> 5) & 3;
   const int lane = threadIdx.x & 31;
@@ -513,8 +520,8 @@ __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int sta
   const int a_tile_region = ARegionBytes(p.dims.shared_intermediate > 0);
   const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
   const WaitEnv env = MakeWaitEnv(p, 2);
-  const uint32_t barrier = kConsumerBarrierId + group;  // this warpgroup's own
-  float* red_tile = red + group * kTileRows * kWideRedPitch;
+  const uint32_t barrier = kConsumerBarrierId + 1 + group;  // this warpgroup's own
+
   RingCursor ring;
   for (uint32_t desc_iter = 0;; ++desc_iter) {
     const TaskDesc d = TakeDescriptor(bars, desc_iter, mbar_timeout, env);
@@ -535,20 +542,31 @@ __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int sta
 #pragma unroll
       for (int i = 0; i < kWideBm / 2; ++i) acc[i] *= undo;  // exact: a power of two
     }
-    // red[row][token]: acc[4j + q] is row 16 warp + g + 8 (q >> 1), token 8j + 2t + (q & 1) (the
-    // wgmma m64nN accumulator layout; past the MMA width the zeros it was initialized with).
+    // The results go over the stage of the task's last chunk, held by both warpgroups until
+    // neither reads it any more (a barrier of both: their last wgmma completed, their loads done).
+    const int held = ring.stage == 0 ? stages - 1 : ring.stage - 1;
+    NamedBarrier(kConsumerBarrierId, kWideConsumers);
+    uint16_t* red_tile =
+        reinterpret_cast<uint16_t*>(stage_base + static_cast<int64_t>(held) * stage_bytes) +
+        group * kTileRows * kWideRedPitch;
+    // red[row][token] as BF16: acc[4j + q] is row 16 warp + g + 8 (q >> 1), token 8j + 2t +
+    // (q & 1) (the wgmma m64nN accumulator layout; past the MMA width the zeros it was
+    // initialized with), a token pair per word.
 #pragma unroll
     for (int j = 0; j < kWideBm / 8; ++j) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        red_tile[(16 * warp + g + 8 * (q >> 1)) * kWideRedPitch + 8 * j + 2 * t + (q & 1)] =
-            acc[4 * j + q];
+      for (int h = 0; h < 2; ++h) {
+        *reinterpret_cast<uint32_t*>(
+            &red_tile[(16 * warp + g + 8 * h) * kWideRedPitch + 8 * j + 2 * t]) =
+            Bf16Bits(acc[4 * j + 2 * h]) | (Bf16Bits(acc[4 * j + 2 * h + 1]) << 16);
       }
     }
     NamedBarrier(barrier, kConsumerThreads);  // red complete
     TaskEpilogues<kWideBm, 1, true>(p, d, red_tile, kWideRedPitch, group);
-    // Every store of the warpgroup's tile is issued and its red may be overwritten.
+    // Every store of the warpgroup's tile is issued and its red is read: the stage goes back.
     NamedBarrier(barrier, kConsumerThreads);
+    FenceProxyAsyncShared();  // behind this thread's accesses of the stage (the refill)
+    MbarArrive(SmemAddr(&bars.empty[held]));
     FinishTask(p, d, 1, start_ns, group * kConsumerThreads);
   }
   if (p.dims.world_size > 1) __threadfence_system();
@@ -561,8 +579,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
   uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
   const int stages = p.r2_stages;
   const int stage_bytes = WideStageBytes(p.dims.shared_intermediate > 0);
-  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(stages) * stage_bytes);
-  Barriers& bars = *reinterpret_cast<Barriers*>(reinterpret_cast<uint8_t*>(red) + kWideRedBytes);
+  Barriers& bars = *reinterpret_cast<Barriers*>(smem + static_cast<size_t>(stages) * stage_bytes);
   if (threadIdx.x == 0) {
     if (p.smid_log != nullptr) p.smid_log[p.role1_grid + blockIdx.x] = SmId();
     for (int s = 0; s < stages; ++s) {
@@ -579,7 +596,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
   if (threadIdx.x >= kWideConsumers) {
     Producer<kWideBm, GemmKernel::kStreamBf16, true>(p, smem, stages, stage_bytes, bars);
   } else {
-    WideConsumers(p, smem, stages, stage_bytes, red, bars);
+    WideConsumers(p, smem, stages, stage_bytes, bars);
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // as GroupedGemmStreamKernel
 }

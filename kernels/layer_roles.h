@@ -50,8 +50,9 @@ enum class GemmKernel : int {
   // consumer warpgroups (one per tile of the task), two CTAs per SM, and the block's tokens read
   // by the tensor core from shared memory, so the MMAs run asynchronously to the decode. Same
   // operands and numerics; its graph writes the BF16 rows in the wgmma order (Bf16ActOrder).
-  // 1.09-1.27x faster than kStreamBf16's BM 32 at 32-64 rows per expert, 1.1-1.26x slower at
-  // 8-16 (docs/PERFORMANCE.md, session 11): the block-size rule picks 64 from a mean of 22.6.
+  // 1.1-1.3x faster than kStreamBf16's BM 32 at 32-64 rows per expert (1.13-1.34x with a shared
+  // expert), 1.1-1.26x slower at 8-16 (docs/PERFORMANCE.md, session 11): the block-size rule
+  // picks 64 from a mean of 22.6.
   kWgmmaBf16 = 4,
 };
 // Kernels reading exact BF16 operands: the kE2M1Bf16 weight tiles and BF16 activation rows
