@@ -29,6 +29,7 @@
 
 #include "kernels/bf16_operands.h"
 #include "kernels/device_common.cuh"
+#include "kernels/layer_roles.h"
 #include "kernels/scale_bytes.h"
 #include "kernels/sm90_async.cuh"
 #include "kernels/stream_pipeline_sm90.cuh"
@@ -36,7 +37,7 @@
 
 namespace gcmoe::kernels::stream_role2 {
 
-inline constexpr int kWideBm = 64;
+inline constexpr int kWideBm = kWgmmaBf16Bm;
 inline constexpr int kWideGroups = 2;  // consumer warpgroups, one per tile of the task
 inline constexpr int kWideConsumers = kWideGroups * kConsumerThreads;
 inline constexpr int kWideThreads = kWideConsumers + 32;

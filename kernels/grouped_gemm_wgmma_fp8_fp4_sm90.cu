@@ -521,7 +521,6 @@ __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int sta
   const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
   const WaitEnv env = MakeWaitEnv(p, 2);
   const uint32_t barrier = kConsumerBarrierId + 1 + group;  // this warpgroup's own
-
   RingCursor ring;
   for (uint32_t desc_iter = 0;; ++desc_iter) {
     const TaskDesc d = TakeDescriptor(bars, desc_iter, mbar_timeout, env);
@@ -713,7 +712,7 @@ cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel which, int bm, Rol
   // Below BM 64 `bf16-wgmma` runs the bf16 kernels.
   if (which == GemmKernel::kWgmmaBf16) which = GemmKernel::kStreamBf16;
   // As many stages as fit the shared memory of TargetCtasPerSm resident CTAs (the bf16-wgmma
-  // kernel: one).
+  // kernel: of WideCtasPerSm).
   int stages = wide ? WideStages(has_shared)
                     : StagesFitting(which, bm, has_shared, RedInStage(which, bm, has_shared));
   stages = stages < kMinStages ? kMinStages : (stages > kMaxStages ? kMaxStages : stages);

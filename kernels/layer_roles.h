@@ -60,13 +60,15 @@ enum class GemmKernel : int {
 GCMOE_HOST_DEVICE constexpr bool UsesBf16Operands(GemmKernel kernel) {
   return kernel == GemmKernel::kStreamBf16 || kernel == GemmKernel::kWgmmaBf16;
 }
+// The block size at which kWgmmaBf16 runs its own kernel (bf16_wgmma_sm90.cuh, kWideBm).
+inline constexpr int kWgmmaBf16Bm = 64;
 // LayerParams::act_bf16 of a graph: 0 (E4M3 rows), or the K order of its BF16 rows
 // (bf16_operands.h): kBf16WgmmaOrder where the bf16-wgmma kernel runs (BM 64), else
 // kBf16MmaOrder.
 GCMOE_HOST_DEVICE constexpr int Bf16ActOrder(GemmKernel kernel, int bm) {
-  return !UsesBf16Operands(kernel)                      ? 0
-         : kernel == GemmKernel::kWgmmaBf16 && bm == 64 ? kBf16WgmmaOrder
-                                                        : kBf16MmaOrder;
+  return !UsesBf16Operands(kernel)                                ? 0
+         : kernel == GemmKernel::kWgmmaBf16 && bm == kWgmmaBf16Bm ? kBf16WgmmaOrder
+                                                                  : kBf16MmaOrder;
 }
 const char* GemmKernelName(GemmKernel kernel);
 

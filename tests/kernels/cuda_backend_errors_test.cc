@@ -35,7 +35,7 @@ TEST(CudaBackendCreate, RanksOutsideOneHostAreRejected) {
   }
 }
 
-TEST(CudaBackendCreate, Role2KernelIsBf16UnlessGcmoeCudaGemmNamesAnother) {
+TEST(CudaBackendCreate, Role2KernelIsBf16WgmmaUnlessGcmoeCudaGemmNamesAnother) {
   using kernels::GemmKernel;
   const auto chosen = [](const char* requested) {
     auto kernel = ChooseRole2Kernel(requested);
