@@ -4,9 +4,9 @@
 // mma.sync (DecodeWeightUnit: a warp's A registers of a K16 step are the per-warp A fragment
 // of wgmma m64nNk16), tokens read by the tensor core from shared memory by descriptor, so one
 // wgmma per K16 step multiplies a warpgroup's 64 weight rows with every valid token of the block
-// while the warps decode the next K32 block.
+// while the SM's other warpgroups decode.
 //
-// CTA (two per SM, WideCtasPerSm) = two consumer warpgroups (warpgroup w computes tile w of the
+// CTA (three per SM, WideCtasPerSm) = two consumer warpgroups (warpgroup w computes tile w of the
 // task's two tiles: its warp q holds rows 16q..16q+15, as the streaming kernels' consumer warp q) +
 // one producer warp (the streaming kernels' Producer, kWide mode). A stage holds the block's BF16
 // token rows first (1024-aligned, K-major with the 128-byte swizzle: [K half][row][128 bytes],
@@ -59,14 +59,18 @@ __host__ __device__ constexpr int WideStagesAt(bool has_shared, int ctas) {
   return (kSmemPerSm / ctas - kSmemReservedPerCta - 1024 - static_cast<int>(sizeof(Barriers))) /
          WideStageBytes(has_shared);
 }
-// Two CTAs per SM (four warpgroups, each pair with its own ring and tasks, so that one's decode,
-// waits and epilogue leave the tensor core to the others: one CTA of two warpgroups measured
-// 1.34-1.39x slower, one CTA of four with four-tile tasks sharing one ring 1.03-1.10x slower,
-// docs/PERFORMANCE.md) wherever two leave kMinStages each: 4 stages each, 3 with the shared
-// expert's E4M3 chunks.
-inline constexpr int kWideMaxCtasPerSm = 2;
+// Three CTAs per SM (six warpgroups, each pair with its own ring and tasks, so that one's decode,
+// waits and epilogue leave the tensor core to the others), with 2 stages each, also with the
+// shared expert's E4M3 chunks. The kernel is bound by its warpgroups' latency, not by the ring's
+// depth: at two CTAs, 2 stages instead of 4 cost 1.03x, while a third CTA gains 1.07-1.09x
+// (one CTA of two warpgroups measured 1.34-1.39x slower than two; one CTA of four
+// with four-tile tasks sharing one ring 1.03-1.10x slower; docs/PERFORMANCE.md).
+inline constexpr int kWideMaxCtasPerSm = 3;
+inline constexpr int kWideMinStages = 2;  // one to fill while the other is read or held
 __host__ __device__ constexpr int WideCtasPerSm(bool has_shared) {
-  return WideStagesAt(has_shared, kWideMaxCtasPerSm) >= kMinStages ? kWideMaxCtasPerSm : 1;
+  int ctas = kWideMaxCtasPerSm;
+  while (ctas > 1 && WideStagesAt(has_shared, ctas) < kWideMinStages) --ctas;
+  return ctas;
 }
 __host__ __device__ constexpr int WideStages(bool has_shared) {
   return WideStagesAt(has_shared, WideCtasPerSm(has_shared));
@@ -75,7 +79,9 @@ __host__ __device__ constexpr size_t WideSmemBytes(bool has_shared, int stages) 
   return 1024 + static_cast<size_t>(stages) * WideStageBytes(has_shared) + sizeof(Barriers);
 }
 static_assert(kWideRedBytes <= WideStageBytes(false));
-static_assert(WideStages(true) >= kMinStages);
+static_assert(WideCtasPerSm(false) == kWideMaxCtasPerSm &&
+              WideCtasPerSm(true) == kWideMaxCtasPerSm);
+static_assert(WideStages(true) >= kWideMinStages);
 static_assert(kWideTokenBytes % 1024 == 0);
 
 // The first N / 2 accumulators of a warpgroup's m64n64 tile as the m64nN operand.
@@ -84,10 +90,13 @@ __device__ __forceinline__ float (&AccPrefix(float (&acc)[kWideBm / 2]))[N / 2] 
   return *reinterpret_cast<float(*)[N / 2]>(&acc[0]);
 }
 
-// One chunk (the stage at `ring`) of warpgroup `group`'s K loop at MMA width N: this warp's lane
-// words of stripe q of tile `group`, and per K32 block the decode of both K16 steps' A registers,
-// then their two wgmma as one group, which stays in flight while the next block decodes (into
-// other registers). The last group is waited for, then the stage released.
+// One chunk (the stage at `ring`) of warpgroup `group`'s K loop at MMA width N: per K32 block,
+// this warp's lane words of stripe q of tile `group` for that block, the decode of both K16
+// steps' A registers, then their two wgmma as one group, waited for before the next block.
+// Waiting per block keeps one block's A registers live: three CTAs per SM leave 72 registers,
+// where a group in flight across the next block's decode made ptxas serialize every wgmma
+// (C7512, insufficient registers) and measured 0.99-1.02x the time of waiting (the SM's other
+// five warpgroups fill the tensor core meanwhile). The stage is released after the last block.
 template <int N, bool kFp4>
 __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_bytes,
                                           int a_tile_region, Barriers& bars, uint64_t mbar_timeout,
@@ -96,15 +105,12 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
   constexpr TileFormat kFormat = kFp4 ? TileFormat::kE2M1Bf16 : TileFormat::kE4M3;
   constexpr uint32_t kBias = kFp4 ? kE2m1Bf16ScaleBias : kE4m3Bf16ScaleBias;
   constexpr int kPayload = ChunkPayloadBytes(kFormat);
-  constexpr int kWords = kPayload / 128;
   constexpr int kBlockWords = kFp4 ? 2 : 4;  // per K32 block: rows g, g + 8
   const int warp = (threadIdx.x >> 5) & 3;
   const int lane = threadIdx.x & 31;
   MbarWait(SmemAddr(&bars.full[ring.stage]), ring.phase, mbar_timeout, env, ring.stage);
   const uint8_t* st = stage_base + static_cast<int64_t>(ring.stage) * stage_bytes;
   const uint8_t* a_src = st + kWideTokenBytes + group * a_tile_region + warp * ChunkBytes(kFormat);
-  uint32_t w[kWords];
-  LoadLaneWords<kPayload / 512>(a_src, lane, w);
   const uint2 codes = *reinterpret_cast<const uint2*>(a_src + kPayload + (lane >> 2) * 8);
   const uint2 sw = make_uint2(BiasScaleBytes(codes.x, kBias), BiasScaleBytes(codes.y, kBias));
   // K16 step 2 kb + h of the chunk (K half kb / 2, bytes 64 (kb % 2) + 32 h of every 128-byte
@@ -114,11 +120,23 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
 #pragma unroll
   for (int kb = 0; kb < 4; ++kb) {
     const uint32_t sw_word = kb < 2 ? sw.x : sw.y;
+    // Block kb's lane words, words kb * kBlockWords.. of the chunk's (as LoadLaneWords orders
+    // them: word i at byte 512 (i / 4) + 16 lane + 4 (i % 4)).
+    uint32_t w[kBlockWords];
+    if constexpr (kFp4) {
+      const uint2 v =
+          *reinterpret_cast<const uint2*>(a_src + (kb >> 1) * 512 + lane * 16 + (kb & 1) * 8);
+      w[0] = v.x, w[1] = v.y;
+    } else {
+      const uint4 v = *reinterpret_cast<const uint4*>(a_src + kb * 512 + lane * 16);
+      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    }
+    static_assert(kPayload == 4 * 128 * kBlockWords);
     uint32_t row_g[4];
     uint32_t row_g8[4];
-    DecodeWeightUnit<kFp4>(&w[kb * kBlockWords], BiasedScaleBytePair(sw_word, (kb & 1) * 2), row_g);
-    DecodeWeightUnit<kFp4>(&w[kb * kBlockWords + kBlockWords / 2],
-                           BiasedScaleBytePair(sw_word, (kb & 1) * 2 + 1), row_g8);
+    DecodeWeightUnit<kFp4>(&w[0], BiasedScaleBytePair(sw_word, (kb & 1) * 2), row_g);
+    DecodeWeightUnit<kFp4>(&w[kBlockWords / 2], BiasedScaleBytePair(sw_word, (kb & 1) * 2 + 1),
+                           row_g8);
     uint32_t a[2][4];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -141,11 +159,7 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
       WgmmaBf16Rs<N>::Run(acc, a[h], desc + k / 16);
     }
     WgmmaCommit();
-    if (kb < 3) {
-      WgmmaWait<1>();
-    } else {
-      WgmmaWait<0>();
-    }
+    WgmmaWait<0>();
   }
   if (release) {
     FenceProxyAsyncShared();  // behind this thread's generic loads of the stage (the refill)
@@ -153,10 +167,7 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
   }
 }
 
-// Warpgroup `group`'s K loop of one task at MMA width N. Each chunk ends drained: with a group
-// in flight across the loop's back edge ptxas serialized every wgmma (C7513: it sees the next
-// chunk's decode define wgmma inputs inside the pipeline stage); the other warpgroups' MMAs fill
-// that gap. (Two chunks per iteration, half the drains, measured no faster.)
+// Warpgroup `group`'s K loop of one task at MMA width N (every block drained, WideChunk).
 template <int N, bool kFp4>
 __device__ __forceinline__ void WideMainloop(const TaskDesc& d, const uint8_t* stage_base,
                                              int stages, int stage_bytes, int a_tile_region,

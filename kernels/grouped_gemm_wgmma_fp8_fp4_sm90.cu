@@ -35,7 +35,7 @@
 //
 // The pipeline's layout and invariants: stream_pipeline_sm90.cuh; the consumers' K loops:
 // stream_mainloops_sm90.cuh. The default's BM 64 (`bf16-wgmma`: two consumer warpgroups on
-// register-A BF16 wgmma, two CTAs per SM) has its own CTA below and its K loop in
+// register-A BF16 wgmma, three CTAs per SM) has its own CTA below and its K loop in
 // bf16_wgmma_sm90.cuh.
 #include <cstdint>
 
@@ -715,7 +715,8 @@ cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel which, int bm, Rol
   // kernel: of WideCtasPerSm).
   int stages = wide ? WideStages(has_shared)
                     : StagesFitting(which, bm, has_shared, RedInStage(which, bm, has_shared));
-  stages = stages < kMinStages ? kMinStages : (stages > kMaxStages ? kMaxStages : stages);
+  const int min_stages = wide ? kWideMinStages : kMinStages;
+  stages = stages < min_stages ? min_stages : (stages > kMaxStages ? kMaxStages : stages);
   shape->threads = wide ? kWideThreads : kStreamThreads;
   shape->stages = stages;
   shape->smem_bytes =
