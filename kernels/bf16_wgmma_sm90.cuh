@@ -30,6 +30,7 @@
 #include "kernels/bf16_operands.h"
 #include "kernels/device_common.cuh"
 #include "kernels/layer_roles.h"
+#include "kernels/role2_probe.h"
 #include "kernels/scale_bytes.h"
 #include "kernels/sm90_async.cuh"
 #include "kernels/stream_pipeline_sm90.cuh"
@@ -62,7 +63,7 @@ __host__ __device__ constexpr int WideStagesAt(bool has_shared, int ctas) {
 // Three CTAs per SM (six warpgroups, each pair with its own ring and tasks, so that one's decode,
 // waits and epilogue leave the tensor core to the others), with 2 stages each, also with the
 // shared expert's E4M3 chunks. The kernel is bound by its warpgroups' latency, not by the ring's
-// depth: at two CTAs, 2 stages instead of 4 cost 1.03x, while a third CTA gains 1.07-1.09x
+// depth: at two CTAs, 2 stages instead of 4 cost 1.03x, while a third CTA gains 1.07-1.10x
 // (one CTA of two warpgroups measured 1.34-1.39x slower than two; one CTA of four
 // with four-tile tasks sharing one ring 1.03-1.10x slower; docs/PERFORMANCE.md).
 inline constexpr int kWideMaxCtasPerSm = 3;
@@ -109,6 +110,10 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
   const int warp = (threadIdx.x >> 5) & 3;
   const int lane = threadIdx.x & 31;
   MbarWait(SmemAddr(&bars.full[ring.stage]), ring.phase, mbar_timeout, env, ring.stage);
+  if constexpr (kRole2Probe.no_compute) {
+    if (release) MbarArrive(SmemAddr(&bars.empty[ring.stage]));
+    return;
+  }
   const uint8_t* st = stage_base + static_cast<int64_t>(ring.stage) * stage_bytes;
   const uint8_t* a_src = st + kWideTokenBytes + group * a_tile_region + warp * ChunkBytes(kFormat);
   const uint2 codes = *reinterpret_cast<const uint2*>(a_src + kPayload + (lane >> 2) * 8);
@@ -134,9 +139,13 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
     static_assert(kPayload == 4 * 128 * kBlockWords);
     uint32_t row_g[4];
     uint32_t row_g8[4];
-    DecodeWeightUnit<kFp4>(&w[0], BiasedScaleBytePair(sw_word, (kb & 1) * 2), row_g);
-    DecodeWeightUnit<kFp4>(&w[kBlockWords / 2], BiasedScaleBytePair(sw_word, (kb & 1) * 2 + 1),
-                           row_g8);
+    if constexpr (kRole2Probe.no_decode) {
+      for (int i = 0; i < 4; ++i) row_g[i] = w[0], row_g8[i] = w[kBlockWords / 2];
+    } else {
+      DecodeWeightUnit<kFp4>(&w[0], BiasedScaleBytePair(sw_word, (kb & 1) * 2), row_g);
+      DecodeWeightUnit<kFp4>(&w[kBlockWords / 2], BiasedScaleBytePair(sw_word, (kb & 1) * 2 + 1),
+                             row_g8);
+    }
     uint32_t a[2][4];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -152,6 +161,7 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
 #pragma unroll
       for (int i = 0; i < 4; ++i) FenceOperand(a[h][i]);
     }
+    if constexpr (kRole2Probe.no_wgmma) continue;
     WgmmaFence();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

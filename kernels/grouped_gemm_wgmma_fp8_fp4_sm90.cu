@@ -43,6 +43,7 @@
 #include "kernels/device_common.cuh"
 #include "kernels/gemm_epilogue_sm90.cuh"
 #include "kernels/layer_roles.h"
+#include "kernels/role2_probe.h"
 #include "kernels/role2_tasks_sm90.cuh"
 #include "kernels/sm90_async.cuh"
 #include "kernels/stream_mainloops_sm90.cuh"
@@ -261,8 +262,11 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
     // stage expects the weights' bytes plus B's where B comes by TMA.
     const int row_groups = (d.rows + kTmaRowGroup - 1) / kTmaRowGroup;
     const int wide_groups = (d.rows + kTmaWideRows - 1) / kTmaWideRows;  // kWide: 16-row boxes
-    uint32_t stage_tx = static_cast<uint32_t>(kTiles * 4 * chunk_bytes);
-    if constexpr (kWide) {
+    // Probe builds (role2_probe.h) may leave either part out of the wide kernel's stages.
+    constexpr bool kLoadWeights = !kWide || !kRole2Probe.no_weights;
+    constexpr bool kLoadTokens = !kWide || !kRole2Probe.no_tokens;
+    uint32_t stage_tx = kLoadWeights ? static_cast<uint32_t>(kTiles * 4 * chunk_bytes) : 0u;
+    if constexpr (kWide && kLoadTokens) {
       stage_tx += static_cast<uint32_t>(2 * wide_groups * kTmaWideRows * 128);
     } else if constexpr (kTmaB) {
       stage_tx += static_cast<uint32_t>(4 * row_groups * kTmaRowGroup * 32 * 2);
@@ -276,7 +280,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         // The four stripes' chunk c are adjacent in the tile: one contiguous burst per tile.
         MbarArriveExpectTx(full, stage_tx);
 #pragma unroll
-        for (int tile = 0; tile < kTiles; ++tile) {
+        for (int tile = 0; tile < (kLoadWeights ? kTiles : 0); ++tile) {
           BulkCopyG2S(st + a_offset + tile * a_tile_region,
                       tile_ptr + tile * tile_bytes + static_cast<int64_t>(c) * 4 * chunk_bytes,
                       static_cast<uint32_t>(4 * chunk_bytes), full, policy);
@@ -286,7 +290,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
       if constexpr (kWide) {
         // B [K half][token][128 bytes], 128-byte swizzle: per K half one TMA box per 16-row group
         // of valid rows (the MMA width covers those groups; bf16_wgmma_sm90.cuh).
-        if (lane == 0) {
+        if (kLoadTokens && lane == 0) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             for (int r = 0; r < wide_groups; ++r) {
@@ -579,6 +583,13 @@ __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
   const int stages = p.r2_stages;
   const int stage_bytes = WideStageBytes(p.dims.shared_intermediate > 0);
   Barriers& bars = *reinterpret_cast<Barriers*>(smem + static_cast<size_t>(stages) * stage_bytes);
+  if constexpr (kRole2Probe.no_tokens || kRole2Probe.no_weights) {
+    // What a probe does not load is zeros, so that the outputs stay finite.
+    for (int i = threadIdx.x; i < stages * stage_bytes / 4; i += blockDim.x) {
+      reinterpret_cast<uint32_t*>(smem)[i] = 0;
+    }
+    __syncthreads();
+  }
   if (threadIdx.x == 0) {
     if (p.smid_log != nullptr) p.smid_log[p.role1_grid + blockIdx.x] = SmId();
     for (int s = 0; s < stages; ++s) {
@@ -717,6 +728,9 @@ cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel which, int bm, Rol
                     : StagesFitting(which, bm, has_shared, RedInStage(which, bm, has_shared));
   const int min_stages = wide ? kWideMinStages : kMinStages;
   stages = stages < min_stages ? min_stages : (stages > kMaxStages ? kMaxStages : stages);
+  if (wide && kRole2Probe.stages >= kWideMinStages && kRole2Probe.stages < stages) {
+    stages = kRole2Probe.stages;
+  }
   shape->threads = wide ? kWideThreads : kStreamThreads;
   shape->stages = stages;
   shape->smem_bytes =
