@@ -47,12 +47,12 @@ enum class GemmKernel : int {
   kStreamBf16 = 3,
   // The default (`bf16-wgmma`): kStreamBf16, except that BM 64 runs the register-A wgmma kernel
   // (bf16_wgmma_sm90.cuh): the same decoded weights as the A registers of wgmma m64nNk16, two
-  // consumer warpgroups (one per tile of the task), two CTAs per SM, and the block's tokens read
-  // by the tensor core from shared memory, so the MMAs run asynchronously to the decode. Same
+  // consumer warpgroups (one per tile of the task), three CTAs per SM, and the block's tokens read
+  // by the tensor core from shared memory, so one warpgroup's MMAs overlap the others' decode. Same
   // operands and numerics; its graph writes the BF16 rows in the wgmma order (Bf16ActOrder).
-  // 1.1-1.3x faster than kStreamBf16's BM 32 at 32-64 rows per expert (1.13-1.34x with a shared
-  // expert), 1.1-1.26x slower at 8-16 (docs/PERFORMANCE.md, session 11): the block-size rule
-  // picks 64 from a mean of 22.6.
+  // Against kStreamBf16's BM 32 (GLM-5.2, docs/PERFORMANCE.md, session 12): 1.33x faster at 64
+  // rows per expert, 0.99x at 16, 0.80x at 2. The block-size rule picks 64 from a mean of 22.6
+  // (set in session 11, when BM 64 was 1.1-1.26x slower at 8-16 rows).
   kWgmmaBf16 = 4,
 };
 // Kernels reading exact BF16 operands: the kE2M1Bf16 weight tiles and BF16 activation rows
