@@ -132,6 +132,28 @@ GCMOE_HOST_DEVICE inline void DecodeWeightUnit(const uint32_t* words, uint32_t m
   }
 }
 
+// K32 block kb (0..3 of a chunk) of a warp's rows g and g + 8 as the A registers of the block's
+// two K16 steps, the same for mma.m16n8k16 and for a warp's share of wgmma m64nNk16: a[h] holds
+// step h's row g at columns 2t, 2t + 1, row g + 8 there, then both rows at 2t + 8, 2t + 9.
+// `words`: the block's lane words (FP4: rows g, g + 8; E4M3: row g's low and high runs, then
+// row g + 8's); `scale_word`: the lane's biased scale word of the block's half of the chunk
+// (BiasScaleBytes), whose bytes 2 (kb % 2) and 2 (kb % 2) + 1 are rows g and g + 8.
+template <bool kFp4>
+GCMOE_HOST_DEVICE inline void DecodeBlockFragments(const uint32_t* words, uint32_t scale_word,
+                                                   int kb, uint32_t (&a)[2][4]) {
+  uint32_t row_g[4];
+  uint32_t row_g8[4];
+  DecodeWeightUnit<kFp4>(&words[0], BiasedScaleBytePair(scale_word, (kb & 1) * 2), row_g);
+  DecodeWeightUnit<kFp4>(&words[kFp4 ? 1 : 2], BiasedScaleBytePair(scale_word, (kb & 1) * 2 + 1),
+                         row_g8);
+  for (int h = 0; h < 2; ++h) {
+    a[h][0] = row_g[2 * h];
+    a[h][1] = row_g8[2 * h];
+    a[h][2] = row_g[2 * h + 1];
+    a[h][3] = row_g8[2 * h + 1];
+  }
+}
+
 // One 32-value block: its E4M3 codes (8 words, logical order: word q holds positions
 // 4q..4q+3) and the block's UE8M0 scale code (>= 1) to 16 BF16x2 words in `order`
 // (kBf16MmaOrder or kBf16WgmmaOrder; selected per word, never a computed register index).

@@ -124,7 +124,6 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
   const uint64_t desc = SmemDescSwizzle128(SmemAddr(st));
 #pragma unroll
   for (int kb = 0; kb < 4; ++kb) {
-    const uint32_t sw_word = kb < 2 ? sw.x : sw.y;
     // Block kb's lane words, words kb * kBlockWords.. of the chunk's (as LoadLaneWords orders
     // them: word i at byte 512 (i / 4) + 16 lane + 4 (i % 4)).
     uint32_t w[kBlockWords];
@@ -137,22 +136,11 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
       w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
     }
     static_assert(kPayload == 4 * 128 * kBlockWords);
-    uint32_t row_g[4];
-    uint32_t row_g8[4];
-    if constexpr (kRole2Probe.no_decode) {
-      for (int i = 0; i < 4; ++i) row_g[i] = w[0], row_g8[i] = w[kBlockWords / 2];
-    } else {
-      DecodeWeightUnit<kFp4>(&w[0], BiasedScaleBytePair(sw_word, (kb & 1) * 2), row_g);
-      DecodeWeightUnit<kFp4>(&w[kBlockWords / 2], BiasedScaleBytePair(sw_word, (kb & 1) * 2 + 1),
-                             row_g8);
-    }
     uint32_t a[2][4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      a[h][0] = row_g[2 * h];
-      a[h][1] = row_g8[2 * h];
-      a[h][2] = row_g[2 * h + 1];
-      a[h][3] = row_g8[2 * h + 1];
+    if constexpr (kRole2Probe.no_decode) {
+      for (int i = 0; i < 4; ++i) a[0][i] = w[0], a[1][i] = w[kBlockWords / 2];
+    } else {
+      DecodeBlockFragments<kFp4>(w, kb < 2 ? sw.x : sw.y, kb, a);
     }
     // The A registers complete before the fence: ptxas serializes every wgmma (C7513) where a
     // non-wgmma instruction defines an operand after it.

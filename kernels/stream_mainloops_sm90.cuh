@@ -234,22 +234,8 @@ __device__ __forceinline__ void MainloopBf16(const TaskDesc& d, const uint8_t* s
       uint32_t a[kTiles][2][4];
 #pragma unroll
       for (int tile = 0; tile < kTiles; ++tile) {
-        const uint32_t sw_word = kb < 2 ? sw[tile].x : sw[tile].y;
-        const uint32_t f_g = BiasedScaleBytePair(sw_word, (kb & 1) * 2);
-        const uint32_t f_g8 = BiasedScaleBytePair(sw_word, (kb & 1) * 2 + 1);
-        // Rows g and g + 8: FP4, one lane word each; E4M3, the block's words are row g's low
-        // and high runs, then row g + 8's.
-        uint32_t row_g[4];
-        uint32_t row_g8[4];
-        DecodeWeightUnit<kFp4>(&w[tile][kFp4 ? kb * 2 : kb * 4], f_g, row_g);
-        DecodeWeightUnit<kFp4>(&w[tile][kFp4 ? kb * 2 + 1 : kb * 4 + 2], f_g8, row_g8);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          a[tile][h][0] = row_g[2 * h];
-          a[tile][h][1] = row_g8[2 * h];
-          a[tile][h][2] = row_g[2 * h + 1];
-          a[tile][h][3] = row_g8[2 * h + 1];
-        }
+        DecodeBlockFragments<kFp4>(&w[tile][kFp4 ? kb * 2 : kb * 4],
+                                   kb < 2 ? sw[tile].x : sw[tile].y, kb, a[tile]);
       }
 #pragma unroll
       for (int j = 0; j < N / 8; ++j) {

@@ -232,5 +232,28 @@ TEST(Bf16Operands, WgmmaOrderMeetsTheRegisterAFragments) {
   }
 }
 
+// The A fragment of mma.m16n8k16 (and a warp's share of wgmma m64nNk16): register i of K16 step
+// h holds row g + 8 (i % 2) at columns 2t + 8 (i / 2), +1; in a lane word's logical positions
+// those are 16 h + 4 t + 2 (i / 2), +1: pair i / 2 of run h of that row.
+TEST(Bf16Operands, BlockFragmentsFollowThePtxLayout) {
+  // E4M3 words: row g's low and high runs, then row g + 8's; every code distinct.
+  const uint32_t words[4] = {0x38302820u, 0x3C342C24u, 0x3A322A22u, 0x3E362E26u};
+  for (int kb = 0; kb < 4; ++kb) {
+    const uint32_t scale_word = BiasScaleBytes(0x7B7C7D7Eu, kE4m3Bf16ScaleBias);
+    uint32_t a[2][4];
+    DecodeBlockFragments<false>(words, scale_word, kb, a);
+    for (int h = 0; h < 2; ++h) {
+      for (int i = 0; i < 4; ++i) {
+        const int row8 = i % 2;
+        // The row's multiplier: byte 2 (kb % 2) + row8 of the scale word.
+        const uint32_t code = (0x7B7C7D7Eu >> (8 * (2 * (kb % 2) + row8))) & 0xFFu;
+        const uint32_t multiplier = Bf16PowerPair(code + kE4m3Bf16ScaleBias);
+        EXPECT_EQ(a[h][i], MulBf16x2(E4m3PairToBf16(words[2 * row8 + h], i / 2), multiplier))
+            << "block " << kb << " step " << h << " register " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gcmoe::kernels
