@@ -9,7 +9,8 @@
 //   no-weights   the producer loads no weights (the stages hold zeros)
 //   stages=N     N stages per CTA (2 up to the default)
 // A probe build's outputs are wrong: `gcmoe bench layer` says so (GCMOE_ROLE2_PROBE_NAME, the
-// list), and `gcmoe serve` refuses to start. Never set in a real build.
+// list), and `gcmoe serve` and `gcmoe rank` refuse to start (RefuseProbeBuild). Never set in a real
+// build.
 #pragma once
 
 namespace gcmoe::kernels {

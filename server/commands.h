@@ -2,6 +2,8 @@
 // Flags::Parse(argc, argv, 1) reads its flags. Each returns the process exit code.
 #pragma once
 
+#include <cstdio>
+
 namespace gcmoe::server {
 
 int RunServeCommand(int argc, char** argv);        // serve.cc: coordinator + local ranks
@@ -12,5 +14,21 @@ int RunConfigCommand(int argc, char** argv);       // config_command.cc: validat
 int RunBalanceCommand(int argc, char** argv);      // balance_command.cc: eplb|replay
 int RunBenchCommand(int argc, char** argv);        // bench_command.cc: layer
 int RunWeightsCommand(int argc, char** argv);      // weights_command.cc: export|check
+
+// A role2 timing probe build (CMake GCMOE_ROLE2_PROBE, kernels/role2_probe.h) computes wrong
+// outputs, so the processes that compute served results (`rank`, and `serve`, which starts them)
+// refuse it: true, after saying so, in such a build.
+inline bool RefuseProbeBuild(const char* command) {
+#ifdef GCMOE_ROLE2_PROBE_NAME
+  std::fprintf(stderr,
+               "gcmoe %s: this binary is a role2 timing probe build (GCMOE_ROLE2_PROBE=%s) whose "
+               "outputs are wrong; it does not serve\n",
+               command, GCMOE_ROLE2_PROBE_NAME);
+  return true;
+#else
+  (void)command;
+  return false;
+#endif
+}
 
 }  // namespace gcmoe::server
