@@ -119,9 +119,8 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
   const uint2 codes = *reinterpret_cast<const uint2*>(a_src + kPayload + (lane >> 2) * 8);
   const uint2 sw = make_uint2(BiasScaleBytes(codes.x, kBias), BiasScaleBytes(codes.y, kBias));
   // K16 step 2 kb + h of the chunk (K half kb / 2, bytes 64 (kb % 2) + 32 h of every 128-byte
-  // row) by adding its offset / 16 to the descriptor's address field (no carry out of it: shared
-  // addresses are below 2^18).
-  const uint64_t desc = SmemDescSwizzle128(SmemAddr(st));
+  // row) by adding its offset / 16 to the descriptor's address word (SmemDescFromLo).
+  const uint32_t desc_lo = SmemDescSwizzle128Lo(SmemAddr(st));
 #pragma unroll
   for (int kb = 0; kb < 4; ++kb) {
     // Block kb's lane words, words kb * kBlockWords.. of the chunk's (as LoadLaneWords orders
@@ -154,7 +153,7 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int k = (kb >> 1) * kWideTokenHalfBytes + (kb & 1) * 64 + h * 32;
-      WgmmaBf16Rs<N>::Run(acc, a[h], desc + k / 16);
+      WgmmaBf16Rs<N>::Run(acc, a[h], SmemDescFromLo(desc_lo + k / 16));
     }
     WgmmaCommit();
     WgmmaWait<0>();

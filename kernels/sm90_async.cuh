@@ -142,9 +142,16 @@ __device__ __forceinline__ uint64_t SmemDescNoSwizzle(uint32_t addr, uint32_t lb
 // (64 BF16 of K) in atoms of 8 rows (1024 bytes, 1024-aligned), 16-byte unit j of row r stored at
 // unit j ^ (r % 8); consecutive 8-row groups 1024 bytes apart. `addr` is the atom's base plus the
 // K offset of the step within the row (a multiple of 32 bytes for K16 BF16).
-__device__ __forceinline__ uint64_t SmemDescSwizzle128(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+// As two words: the address word (address >> 4, leading byte offset 1) and a constant upper word
+// (stride 1024 bytes, the swizzle mode). A K step adds its offset / 16 to the address word alone
+// (shared addresses are below 2^18: no carry out of the field), which spares the 64-bit add and
+// its carry per wgmma (1.01-1.02x at BM 64, H200, 2026-12-02).
+inline constexpr uint32_t kSmemDescSwizzle128Hi = (1024 >> 4) | (1u << (62 - 32));
+__device__ __forceinline__ uint32_t SmemDescSwizzle128Lo(uint32_t addr) {
+  return ((addr & 0x3FFFF) >> 4) | (1u << 16);
+}
+__device__ __forceinline__ uint64_t SmemDescFromLo(uint32_t lo) {
+  return (static_cast<uint64_t>(kSmemDescSwizzle128Hi) << 32) | lo;
 }
 // Byte offset of 16-byte unit `unit` (of 8 per 128-byte row) of row `row` in that layout.
 __host__ __device__ constexpr uint32_t Swizzle128Offset(int row, int unit) {
