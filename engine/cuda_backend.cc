@@ -180,7 +180,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
 }
 
 CudaBackend::CudaBackend(const BackendOptions& options, std::unique_ptr<kernels::LayerGraph> graph)
-    : options_(options), graph_(std::move(graph)) {}
+    : options_(options),
+      graph_(std::move(graph)),
+      merge_tails_(EnvInt("GCMOE_CUDA_MERGE_TAILS", 1) != 0) {}
 
 Status CudaBackend::SelectDevice() const {
   const cudaError_t err = cudaSetDevice(options_.device);
@@ -351,6 +353,17 @@ int BlockRowsForMeanRows(kernels::GemmKernel kernel, double rows_per_expert) {
   return 64;
 }
 
+int CudaBackend::MaxTailRows(int bm) const {
+  // A merged block's W1 tasks wait for both blocks' ring slots: with one slot the tail's could
+  // only be filled after the head's tasks, which wait for it.
+  // With the shared expert its stages have no room for the tail's rows (WideTokenRows).
+  if (!merge_tails_ || graph_->gemm_kernel() != kernels::GemmKernel::kWgmmaBf16 ||
+      bm != kernels::kWgmmaBf16Bm || graph_->ring_blocks(bm) < 2 || options_.model.has_shared()) {
+    return 0;
+  }
+  return kernels::kWgmmaBf16MaxTailRows;
+}
+
 int CudaBackend::ChooseBlockRows(int64_t rows) const {
   if (forced_bm_ != 0) return forced_bm_;
   return BlockRowsForMeanRows(graph_->gemm_kernel(),
@@ -505,7 +518,7 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
 
   // Block size from the expected tokens per held expert; rows from the plan.
   const int bm = ChooseBlockRows(RowsComputedBy(*ctx.plan, options_.rank));
-  BuildGpuStepTables(*ctx.plan, options_.rank, slot_of_, bm, &tables_);
+  BuildGpuStepTables(*ctx.plan, options_.rank, slot_of_, bm, MaxTailRows(bm), &tables_);
   const int64_t rows = tables_.rows;
   const std::vector<kernels::RingBlock>& blocks = tables_.blocks;
   const std::vector<kernels::ExpertRoute>& routes = tables_.routes;

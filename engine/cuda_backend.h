@@ -75,6 +75,9 @@ class CudaBackend final : public Backend {
   int ChooseBlockRows(int64_t rows) const;
   // Pins the block size of later steps (8, 16, 32 or 64; 0 = ChooseBlockRows), for ablations.
   Status ForceBlockRows(int bm);
+  // Rows of an expert's last block that role2 computes with the block before it
+  // (RingBlock::tail_rows): the bf16-wgmma kernel's MMA width above its block size, else 0.
+  int MaxTailRows(int bm) const;
   kernels::GemmKernel gemm_kernel() const { return graph_->gemm_kernel(); }
   const kernels::Role2Shape& role2_shape(int bm) const { return graph_->role2_shape(bm); }
   int role2_grid(int bm) const { return graph_->role2_grid(bm); }
@@ -120,6 +123,7 @@ class CudaBackend final : public Backend {
   int held_experts_ = 0;
   int last_bm_ = 0;
   int forced_bm_ = 0;
+  bool merge_tails_ = true;  // GCMOE_CUDA_MERGE_TAILS=0 turns it off (A/B measurements)
   bool connected_ = false;
   bool alltoall_ = false;     // exchange "nccl"
   bool trace_role2_ = false;  // GCMOE_CUDA_TRACE

@@ -27,7 +27,7 @@ int64_t RowsComputedBy(const StepPlan& plan, int rank) {
 }
 
 void BuildGpuStepTables(const StepPlan& plan, int rank, std::span<const int> slot_of, int bm,
-                        GpuStepTables* tables) {
+                        int max_tail_rows, GpuStepTables* tables) {
   const int E = plan.num_experts;
   const int P = plan.world_size;
   std::vector<kernels::ExpertRoute>& routes = tables->routes;
@@ -60,6 +60,11 @@ void BuildGpuStepTables(const StepPlan& plan, int rank, std::span<const int> slo
       blocks.push_back(kernels::RingBlock{slot_of[e], static_cast<int32_t>(base + b),
                                           static_cast<int32_t>(std::min<int64_t>(bm, mine - b)),
                                           0});
+    }
+    const int64_t tail = mine % bm;
+    if (mine > bm && tail > 0 && tail <= max_tail_rows) {
+      blocks[blocks.size() - 2].tail_rows = static_cast<int32_t>(tail);
+      blocks.back().tail_rows = -1;
     }
   }
   tables->rows = cursor[rank];

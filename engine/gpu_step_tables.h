@@ -3,7 +3,8 @@
 //   - routes: for every expert, where each of its positions is computed (home below the split,
 //     host above) and at which row of the computing rank's receive index, for every rank; this
 //     rank's first position in the expert's order; this rank's first ring block of the expert;
-//   - blocks: this rank's receive index cut into ring blocks of at most BM rows of one expert;
+//   - blocks: this rank's receive index cut into ring blocks of at most BM rows of one expert,
+//     an expert's short last block optionally marked as computed with the block before it;
 //   - for the NCCL baseline, in records: what this rank sends to and receives from each rank,
 //     and where in its send records each expert's home and host shares start.
 // Every rank's receive index lists, expert after expert (ascending id), the positions of each
@@ -33,8 +34,10 @@ struct GpuStepTables {
 int64_t RowsComputedBy(const StepPlan& plan, int rank);
 
 // slot_of[e]: the local slot of a held expert (its weights' index), -1 if not held; every
-// expert the plan has `rank` compute must be held. bm: rows per ring block.
+// expert the plan has `rank` compute must be held. bm: rows per ring block. max_tail_rows: an
+// expert's last block of at most this many rows (after at least one full block) is merged into
+// the block before it (RingBlock::tail_rows); 0 merges none.
 void BuildGpuStepTables(const StepPlan& plan, int rank, std::span<const int> slot_of, int bm,
-                        GpuStepTables* tables);
+                        int max_tail_rows, GpuStepTables* tables);
 
 }  // namespace gcmoe::engine

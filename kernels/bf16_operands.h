@@ -153,6 +153,15 @@ GCMOE_HOST_DEVICE inline void DecodeBlockFragments(const uint32_t* words, uint32
     a[h][3] = row_g8[2 * h + 1];
   }
 }
+// K16 step h of the same block alone (a[h] above), for a caller with registers for one step:
+// inlined with a constant h, the other step's decode is dead code.
+template <bool kFp4>
+GCMOE_HOST_DEVICE inline void DecodeStepFragments(const uint32_t* words, uint32_t scale_word,
+                                                  int kb, int h, uint32_t (&a)[4]) {
+  uint32_t both[2][4];
+  DecodeBlockFragments<kFp4>(words, scale_word, kb, both);
+  for (int i = 0; i < 4; ++i) a[i] = both[h][i];
+}
 
 // One 32-value block: its E4M3 codes (8 words, logical order: word q holds positions
 // 4q..4q+3) and the block's UE8M0 scale code (>= 1) to 16 BF16x2 words in `order`

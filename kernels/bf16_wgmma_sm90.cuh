@@ -19,6 +19,15 @@
 // The MMA width N is the valid rows rounded up to 16 (valid-M sizing); the columns past the
 // valid rows multiply whatever the stage holds there and are never stored.
 //
+// Merged tails: an expert's last block of at most kWgmmaBf16MaxTailRows rows after a full block
+// is computed by the full block's tasks (RingBlock::tail_rows; the host marks them), at N = 80:
+// the stage takes the tail's rows as a fifth 16-row box (W1: from the tail's ring slot; W2: the
+// next block's h rows, which follow), and the epilogues write the tail's h rows and partials,
+// which lie right after the block's. The tail's own tasks are claimed and dropped. Unmerged, such
+// a tail decodes its expert's weights again for at most 16 tokens: at GLM-5.2 T = 256 (64 rows
+// per expert) 18 of 50 blocks. Merged, that point took 1.10-1.11x less time (H200, 2026-12-02);
+// the N = 80 path's registers cost 1.00-1.03x at points without tails (docs/PERFORMANCE.md).
+//
 // The tokens' K order is the wgmma order (bf16_operands.h, kBf16WgmmaOrder): K16 step s of a
 // block reads its 32 contiguous bytes 32 s.., whose column 2t + e must hold the logical position
 // the A register of lane t holds (16 s + 4 t + e, and 16 s + 4 t + 2 + e at column 2t + 8 + e).
@@ -39,20 +48,30 @@
 namespace gcmoe::kernels::stream_role2 {
 
 inline constexpr int kWideBm = kWgmmaBf16Bm;
+// The widest task: a full block with its expert's merged tail block (RingBlock::tail_rows).
+inline constexpr int kWideN = kWideBm + kWgmmaBf16MaxTailRows;
 inline constexpr int kWideGroups = 2;  // consumer warpgroups, one per tile of the task
 inline constexpr int kWideConsumers = kWideGroups * kConsumerThreads;
 inline constexpr int kWideThreads = kWideConsumers + 32;
-inline constexpr int kWideTokenHalfBytes = kWideBm * 128;
-inline constexpr int kWideTokenBytes = 2 * kWideTokenHalfBytes;
+// A stage's token rows, as [K half][row][128 bytes]: kWideN rows, or kWideBm with the shared
+// expert, whose E4M3 chunks at 80 rows would leave one stage at three CTAs per SM (so the host
+// merges no tails there: CudaBackend::MaxTailRows).
+__host__ __device__ constexpr int WideTokenRows(bool has_shared) {
+  return has_shared ? kWideBm : kWideN;
+}
+__host__ __device__ constexpr int WideTokenHalfBytes(bool has_shared) {
+  return WideTokenRows(has_shared) * 128;
+}
 // A warpgroup's results as BF16, red[weight row 0..63][token] (pitch in values, padded against
 // conflicts), written over the stage of the task's last chunk once both warpgroups are done with
 // it: exact, as both epilogues round each result to BF16 first (gemm_epilogue_sm90.cuh).
-inline constexpr int kWideRedPitch = kWideBm + 8;
+inline constexpr int kWideRedPitch = kWideN + 8;
 inline constexpr int kWideRedBytes = kWideGroups * kTileRows * kWideRedPitch * 2;
 
 // A stage: the token rows, then the chunks of both tiles, padded to the swizzle atom.
 __host__ __device__ constexpr int WideStageBytes(bool has_shared) {
-  return (kWideTokenBytes + kWideGroups * ARegionBytes(has_shared) + 1023) / 1024 * 1024;
+  return (2 * WideTokenHalfBytes(has_shared) + kWideGroups * ARegionBytes(has_shared) + 1023) /
+         1024 * 1024;
 }
 // Stages that fit `ctas` resident CTAs per SM (the results go over a stage; the 1024-byte
 // alignment of the layout may cost up to 1023 bytes at the start).
@@ -79,17 +98,11 @@ __host__ __device__ constexpr int WideStages(bool has_shared) {
 __host__ __device__ constexpr size_t WideSmemBytes(bool has_shared, int stages) {
   return 1024 + static_cast<size_t>(stages) * WideStageBytes(has_shared) + sizeof(Barriers);
 }
-static_assert(kWideRedBytes <= WideStageBytes(false));
+static_assert(kWideRedBytes <= WideStageBytes(false) && kWideRedBytes <= WideStageBytes(true));
 static_assert(WideCtasPerSm(false) == kWideMaxCtasPerSm &&
               WideCtasPerSm(true) == kWideMaxCtasPerSm);
 static_assert(WideStages(true) >= kWideMinStages);
-static_assert(kWideTokenBytes % 1024 == 0);
-
-// The first N / 2 accumulators of a warpgroup's m64n64 tile as the m64nN operand.
-template <int N>
-__device__ __forceinline__ float (&AccPrefix(float (&acc)[kWideBm / 2]))[N / 2] {
-  return *reinterpret_cast<float(*)[N / 2]>(&acc[0]);
-}
+static_assert(WideTokenHalfBytes(false) % 1024 == 0 && WideTokenHalfBytes(true) % 1024 == 0);
 
 // One chunk (the stage at `ring`) of warpgroup `group`'s K loop at MMA width N: per K32 block,
 // this warp's lane words of stripe q of tile `group` for that block, the decode of both K16
@@ -102,7 +115,8 @@ template <int N, bool kFp4>
 __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_bytes,
                                           int a_tile_region, Barriers& bars, uint64_t mbar_timeout,
                                           const WaitEnv& env, float (&acc)[N / 2],
-                                          const RingCursor& ring, int group, bool release) {
+                                          const RingCursor& ring, int group, int token_half_bytes,
+                                          bool release) {
   constexpr TileFormat kFormat = kFp4 ? TileFormat::kE2M1Bf16 : TileFormat::kE4M3;
   constexpr uint32_t kBias = kFp4 ? kE2m1Bf16ScaleBias : kE4m3Bf16ScaleBias;
   constexpr int kPayload = ChunkPayloadBytes(kFormat);
@@ -115,7 +129,8 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
     return;
   }
   const uint8_t* st = stage_base + static_cast<int64_t>(ring.stage) * stage_bytes;
-  const uint8_t* a_src = st + kWideTokenBytes + group * a_tile_region + warp * ChunkBytes(kFormat);
+  const uint8_t* a_src =
+      st + 2 * token_half_bytes + group * a_tile_region + warp * ChunkBytes(kFormat);
   const uint2 codes = *reinterpret_cast<const uint2*>(a_src + kPayload + (lane >> 2) * 8);
   const uint2 sw = make_uint2(BiasScaleBytes(codes.x, kBias), BiasScaleBytes(codes.y, kBias));
   // K16 step 2 kb + h of the chunk (K half kb / 2, bytes 64 (kb % 2) + 32 h of every 128-byte
@@ -135,28 +150,39 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
       w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
     }
     static_assert(kPayload == 4 * 128 * kBlockWords);
-    uint32_t a[2][4];
-    if constexpr (kRole2Probe.no_decode) {
-      for (int i = 0; i < 4; ++i) a[0][i] = w[0], a[1][i] = w[kBlockWords / 2];
-    } else {
-      DecodeBlockFragments<kFp4>(w, kb < 2 ? sw.x : sw.y, kb, a);
-    }
-    // The A registers complete before the fence: ptxas serializes every wgmma (C7513) where a
-    // non-wgmma instruction defines an operand after it.
+    // At N = 80 (a merged tail) one K16 step's A registers at a time, each step's wgmma waited
+    // for: with both steps' registers live ptxas runs out at three CTAs per SM and serializes
+    // every wgmma of the kernel (C7512), not only these.
+    constexpr int kSteps = N > kWideBm ? 1 : 2;  // steps decoded and issued as one group
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h0 = 0; h0 < 2; h0 += kSteps) {
+      uint32_t a[kSteps][4];
+      if constexpr (kRole2Probe.no_decode) {
+        for (int q = 0; q < kSteps; ++q) {
+          for (int i = 0; i < 4; ++i) a[q][i] = w[h0 + q == 0 ? 0 : kBlockWords / 2];
+        }
+      } else if constexpr (kSteps == 2) {
+        DecodeBlockFragments<kFp4>(w, kb < 2 ? sw.x : sw.y, kb, a);
+      } else {
+        DecodeStepFragments<kFp4>(w, kb < 2 ? sw.x : sw.y, kb, h0, a[0]);
+      }
+      // The A registers complete before the fence: ptxas serializes every wgmma (C7513) where a
+      // non-wgmma instruction defines an operand after it.
 #pragma unroll
-      for (int i = 0; i < 4; ++i) FenceOperand(a[h][i]);
-    }
-    if constexpr (kRole2Probe.no_wgmma) continue;
-    WgmmaFence();
+      for (int q = 0; q < kSteps; ++q) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int k = (kb >> 1) * kWideTokenHalfBytes + (kb & 1) * 64 + h * 32;
-      WgmmaBf16Rs<N>::Run(acc, a[h], SmemDescFromLo(desc_lo + k / 16));
+        for (int i = 0; i < 4; ++i) FenceOperand(a[q][i]);
+      }
+      if constexpr (kRole2Probe.no_wgmma) continue;
+      WgmmaFence();
+#pragma unroll
+      for (int q = 0; q < kSteps; ++q) {
+        const uint32_t k = (kb >> 1) * token_half_bytes + (kb & 1) * 64 + (h0 + q) * 32;
+        WgmmaBf16Rs<N>::Run(acc, a[q], SmemDescFromLo(desc_lo + k / 16));
+      }
+      WgmmaCommit();
+      WgmmaWait<0>();
     }
-    WgmmaCommit();
-    WgmmaWait<0>();
   }
   if (release) {
     FenceProxyAsyncShared();  // behind this thread's generic loads of the stage (the refill)
@@ -164,44 +190,74 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
   }
 }
 
-// Warpgroup `group`'s K loop of one task at MMA width N (every block drained, WideChunk).
+// Warpgroup `group`'s task at MMA width N: the K loop (every block drained, WideChunk) into its
+// own m64nN accumulator, times 2^scale_shift, then, once both warpgroups are done with the stage
+// of the last chunk (their last wgmma completed, their loads done), its tile's results as BF16
+// over that stage: red[row][token], `kWideRedPitch` values a row, tile `group` after tile 0.
+// Returns the warpgroup's red tile. Each N has its own accumulator: one sized for the widest
+// task kept 8 registers live through every narrower K loop and cost 1.03-1.05x there.
 template <int N, bool kFp4>
-__device__ __forceinline__ void WideMainloop(const TaskDesc& d, const uint8_t* stage_base,
-                                             int stages, int stage_bytes, int a_tile_region,
-                                             Barriers& bars, uint64_t mbar_timeout,
-                                             const WaitEnv& env, float (&acc)[N / 2],
-                                             RingCursor& ring, int group) {
+__device__ __forceinline__ uint16_t* WideTask(const TaskDesc& d, uint8_t* stage_base, int stages,
+                                              int stage_bytes, int a_tile_region, Barriers& bars,
+                                              uint64_t mbar_timeout, const WaitEnv& env,
+                                              RingCursor& ring, int group, int token_half_bytes) {
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
   const int chunks = d.k / kChunkK;
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) FenceOperand(acc[i]);  // zeroed before the first wgmma
   for (int c = 0; c < chunks; ++c, ring.Advance(stages)) {
     WideChunk<N, kFp4>(stage_base, stage_bytes, a_tile_region, bars, mbar_timeout, env, acc, ring,
-                       group, c + 1 < chunks);  // the last stage is held for the results
+                       group, token_half_bytes,
+                       c + 1 < chunks);  // the last stage is held for the results
   }
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) FenceOperand(acc[i]);
+  if (d.scale_shift != 0) {
+    const float undo = FloatFromBits(static_cast<uint32_t>(127 + d.scale_shift) << 23);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) acc[i] *= undo;  // exact: a power of two
+  }
+  const int held = ring.stage == 0 ? stages - 1 : ring.stage - 1;
+  NamedBarrier(kConsumerBarrierId, kWideConsumers);
+  uint16_t* red_tile =
+      reinterpret_cast<uint16_t*>(stage_base + static_cast<int64_t>(held) * stage_bytes) +
+      group * kTileRows * kWideRedPitch;
+  // acc[4j + q] is row 16 warp + g + 8 (q >> 1), token 8j + 2t + (q & 1) (the wgmma m64nN
+  // accumulator layout), a token pair per word; the epilogue reads the valid tokens only.
+  const int warp = (threadIdx.x >> 5) & 3;
+  const int g = (threadIdx.x & 31) >> 2;
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      *reinterpret_cast<uint32_t*>(
+          &red_tile[(16 * warp + g + 8 * h) * kWideRedPitch + 8 * j + 2 * t]) =
+          Bf16Bits(acc[4 * j + 2 * h]) | (Bf16Bits(acc[4 * j + 2 * h + 1]) << 16);
+    }
+  }
+  return red_tile;
 }
 
-// The task's K loop at the MMA width of its valid rows (16, 32, 48 or 64).
-template <bool kFp4>
-__device__ __forceinline__ void RunWideMainloop(const TaskDesc& d, const uint8_t* stage_base,
-                                                int stages, int stage_bytes, int a_tile_region,
-                                                Barriers& bars, uint64_t mbar_timeout,
-                                                const WaitEnv& env, float (&acc)[kWideBm / 2],
-                                                RingCursor& ring, int group) {
-#define GCMOE_WIDE_MAINLOOP(N)                                                                 \
-  WideMainloop<N, kFp4>(d, stage_base, stages, stage_bytes, a_tile_region, bars, mbar_timeout, \
-                        env, AccPrefix<N>(acc), ring, group)
-  if (d.rows <= 16) {
-    GCMOE_WIDE_MAINLOOP(16);
-  } else if (d.rows <= 32) {
-    GCMOE_WIDE_MAINLOOP(32);
-  } else if (d.rows <= 48) {
-    GCMOE_WIDE_MAINLOOP(48);
-  } else {
-    GCMOE_WIDE_MAINLOOP(64);
-  }
-#undef GCMOE_WIDE_MAINLOOP
+// The task at the MMA width of its valid rows (16, 32, 48, 64, or with kMerging 80 for a block
+// with its merged tail).
+template <bool kFp4, bool kMerging>
+__device__ __forceinline__ uint16_t* RunWideTask(const TaskDesc& d, uint8_t* stage_base, int stages,
+                                                 int stage_bytes, int a_tile_region, Barriers& bars,
+                                                 uint64_t mbar_timeout, const WaitEnv& env,
+                                                 RingCursor& ring, int group,
+                                                 int token_half_bytes) {
+#define GCMOE_WIDE_TASK(N)                                                                        \
+  return WideTask<N, kFp4>(d, stage_base, stages, stage_bytes, a_tile_region, bars, mbar_timeout, \
+                           env, ring, group, token_half_bytes)
+  if (d.rows <= 16) GCMOE_WIDE_TASK(16);
+  if (d.rows <= 32) GCMOE_WIDE_TASK(32);
+  if (d.rows <= 48) GCMOE_WIDE_TASK(48);
+  if (!kMerging || d.rows <= 64) GCMOE_WIDE_TASK(64);
+  if constexpr (kMerging) GCMOE_WIDE_TASK(80);  // a block with its merged tail
+#undef GCMOE_WIDE_TASK
 }
 
 }  // namespace gcmoe::kernels::stream_role2

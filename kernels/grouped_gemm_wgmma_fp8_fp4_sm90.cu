@@ -51,7 +51,8 @@
 #include "kernels/tma_map.h"
 #include "kernels/weight_tiles_sm90.h"
 
-static_assert(gcmoe::kernels::stream_role2::kWideBm % gcmoe::kernels::kTmaWideRows == 0);
+static_assert(gcmoe::kernels::stream_role2::kWideBm % gcmoe::kernels::kTmaWideRows == 0 &&
+              gcmoe::kernels::stream_role2::kWideN % gcmoe::kernels::kTmaWideRows == 0);
 
 namespace gcmoe::kernels {
 namespace {
@@ -82,8 +83,9 @@ __device__ __forceinline__ bool WaitFlagInline(const WaitEnv& env, const uint32_
 }
 
 // kWide: for GroupedGemmWgmmaBf16Kernel, whose stages hold the token rows first, as K-major
-// swizzled K halves [K half][token][128 bytes] (bf16_wgmma_sm90.cuh).
-template <int BM, GemmKernel kKernel, bool kWide = false>
+// swizzled K halves [K half][token][128 bytes] (bf16_wgmma_sm90.cuh); kShared: its instance for
+// layers with the shared expert (WideTokenRows).
+template <int BM, GemmKernel kKernel, bool kWide = false, bool kShared = false>
 __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
                          Barriers& bars) {
   constexpr bool kBf16 = kKernel == GemmKernel::kStreamBf16;
@@ -115,7 +117,8 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
   const int a_region = kTiles * a_tile_region;
   // Where a stage keeps the weights and the activations (bf16_wgmma_sm90.cuh: tokens first,
   // at the stage's 1024-aligned start).
-  const uint32_t a_offset = kWide ? kWideTokenBytes : 0;
+  constexpr int token_half_bytes = WideTokenHalfBytes(kShared);  // kWide
+  const uint32_t a_offset = kWide ? 2 * token_half_bytes : 0;
   const uint32_t b_offset = kWide ? 0 : a_region;
   const uint64_t policy = EvictFirstPolicy();
   const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
@@ -140,10 +143,21 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
     FenceProxyAsyncShared();
     while (pending != 0) release_oldest();
   };
+  // A routed task of a block merged into the block before it (RingBlock::tail_rows < 0): that
+  // block's tasks compute its rows, so it is claimed and dropped.
+  // Only the layout of stages without the shared expert has room for a tail (WideTokenRows).
+  constexpr bool merging = kWide && !kShared;
+  auto merged_tail = [&](int task) {
+    if (!merging || task < tasks.end_shared_w1) return false;
+    const Role2Task t = tasks.Decode(task);
+    return (t.kind == kRoutedW1 || t.kind == kRoutedW2) && p.blocks[t.block].tail_rows < 0;
+  };
   for (uint32_t desc_iter = 0;; ++desc_iter) {
     int task = 0;
-    if (lane == 0) task = static_cast<int>(atomicAdd(&p.sig->task_next, 1u));
-    task = __shfl_sync(0xFFFFFFFFu, task, 0);
+    do {
+      if (lane == 0) task = static_cast<int>(atomicAdd(&p.sig->task_next, 1u));
+      task = __shfl_sync(0xFFFFFFFFu, task, 0);
+    } while (task < tasks.total && merged_tail(task));
     const uint64_t claim_ns = p.task_trace != nullptr ? GlobalTimerNs() : 0;
     TaskDesc d{-1, 0, 0, 0, 0, 0, 0, 0, 0};
     const uint8_t* tile_ptr = nullptr;
@@ -153,6 +167,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
     int64_t tile_bytes = 0;
     const TmaMap* act_map = nullptr;  // kTmaB: the activations' map, and the block's first row
     int act_row = 0;
+    int tail_row = 0;  // kWide, merged blocks: the map's row of the tail block's first row
     if (task < tasks.total) {
       const auto [kind, block, group] = tasks.Decode(task);
       const int tile = group * kTiles;  // the first of the task's tiles
@@ -181,6 +196,23 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         if (lane == 0) ok = WaitFlagInline(env, flag, target, what, block) ? 1 : 0;
       }
       ok = __shfl_sync(0xFFFFFFFFu, ok, 0);
+      // A merged routed W1 task also reads its tail block's ring slot (the tail is block + 1).
+      const int tail =
+          merging && kind == kRoutedW1 && p.blocks[block].tail_rows > 0 ? block + 1 : -1;
+      const int tail_slot = tail < 0 ? 0 : tail % p.ring_blocks;
+      if (ok && tail >= 0) {
+        const uint32_t* tail_flag = &p.ring_full[tail_slot];
+        const uint32_t tail_target = static_cast<uint32_t>(tail / p.ring_blocks) + 1;
+        ok = lane == 0 && LdAcquireGpu(tail_flag) >= tail_target ? 1 : 0;
+        if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) {
+          release_all();
+          if (lane == 0) {
+            ok = WaitFlagInline(env, tail_flag, tail_target, kWaitRingFull, tail) ? 1 : 0;
+          }
+        }
+        ok = __shfl_sync(0xFFFFFFFFu, ok, 0);
+        if (ok) (void)LdAcquireGpu(tail_flag);
+      }
       if (ok) {
         // Every lane's own acquire: the cp.async reads it issues below follow it. The consumers
         // see the same writes through the descriptor barrier (release/acquire, CTA scope).
@@ -204,8 +236,8 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
                                     TileBytes(TileFormat::kE2M1, H);
             act = p.ring + static_cast<int64_t>(slot) * BM * H * kActBytes;
             act_scales = p.ring_scales + static_cast<int64_t>(slot) * BM * (H / 32);
-            d.k = H, d.rows = blk.rows;
-            act_map = &maps[kMapRing], act_row = slot * BM;
+            d.k = H, d.rows = blk.rows + (merging ? max(blk.tail_rows, 0) : 0);
+            act_map = &maps[kMapRing], act_row = slot * BM, tail_row = tail_slot * BM;
             break;
           case kSharedW2:
             tile_ptr = hdr.ws2 + tile * TileBytes(TileFormat::kE4M3, Is);
@@ -219,8 +251,8 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
                                     TileBytes(TileFormat::kE2M1, I);
             act = p.h_q + static_cast<int64_t>(block) * BM * I * kActBytes;
             act_scales = p.h_s + static_cast<int64_t>(block) * BM * (I / 32);
-            d.k = I, d.rows = blk.rows;
-            act_map = &maps[kMapH], act_row = block * BM;
+            d.k = I, d.rows = blk.rows + (merging ? max(blk.tail_rows, 0) : 0);
+            act_map = &maps[kMapH], act_row = block * BM, tail_row = act_row + BM;
             break;
         }
         d.n = MmaWidth(d.rows, BM);
@@ -294,8 +326,9 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             for (int r = 0; r < wide_groups; ++r) {
-              TmaLoad2D(b_st + h * kWideTokenHalfBytes + r * kTmaWideRows * 128, act_map,
-                        c * kChunkK + h * 64, act_row + r * kTmaWideRows, full);
+              const int row = r * kTmaWideRows;  // past BM: the merged tail block's rows
+              TmaLoad2D(b_st + h * token_half_bytes + row * 128, act_map, c * kChunkK + h * 64,
+                        row < BM ? act_row + row : tail_row + row - BM, full);
             }
           }
         }
@@ -404,7 +437,8 @@ __device__ __forceinline__ void TaskEpilogues(const LayerParams& p, const TaskDe
 
 // Thread `leader` (a warpgroup's first), once its warpgroup's stores of the task's `tiles` tiles
 // are issued (after its barrier): the trace entry, and those tiles' completion: the W1 outputs to
-// the block's W2 tasks, the ring slot (W1 has read it) back to role1.
+// the block's W2 tasks, the ring slot (W1 has read it) back to role1. A task of more rows than
+// the block size (the bf16-wgmma kernel's merged blocks) completes its tail block's too.
 __device__ __forceinline__ void FinishTask(const LayerParams& p, const TaskDesc& d, int tiles,
                                            uint64_t start_ns, int leader = 0) {
   if (static_cast<int>(threadIdx.x) != leader) return;
@@ -416,6 +450,10 @@ __device__ __forceinline__ void FinishTask(const LayerParams& p, const TaskDesc&
     __threadfence();
     RedAddReleaseGpu(&p.w1_done[d.block], tiles);
     RedAddReleaseGpu(&p.ring_empty[d.block % p.ring_blocks], tiles);
+    if (d.rows > p.bm) {
+      RedAddReleaseGpu(&p.w1_done[d.block + 1], tiles);
+      RedAddReleaseGpu(&p.ring_empty[(d.block + 1) % p.ring_blocks], tiles);
+    }
   } else if (d.kind == kSharedW1) {
     __threadfence();
     RedAddReleaseGpu(&p.w1s_done[d.block], tiles);
@@ -514,14 +552,12 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
 // ---- the bf16-wgmma kernel (BM 64: bf16_wgmma_sm90.cuh) --------------------------------------
 
 // Warpgroup `group` (threads 128 group ..) of the consumers: tile `group` of every task.
+template <bool kShared>
 __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int stages,
                               int stage_bytes, Barriers& bars) {
   const int group = threadIdx.x / kConsumerThreads;
-  const int warp = (threadIdx.x >> 5) & 3;
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-  const int a_tile_region = ARegionBytes(p.dims.shared_intermediate > 0);
+  constexpr int a_tile_region = ARegionBytes(kShared);
+  constexpr int token_half_bytes = WideTokenHalfBytes(kShared);
   const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
   const WaitEnv env = MakeWaitEnv(p, 2);
   const uint32_t barrier = kConsumerBarrierId + 1 + group;  // this warpgroup's own
@@ -530,41 +566,14 @@ __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int sta
     const TaskDesc d = TakeDescriptor(bars, desc_iter, mbar_timeout, env);
     if (d.kind < 0) break;
     const uint64_t start_ns = p.task_trace != nullptr ? GlobalTimerNs() : 0;
-    float acc[kWideBm / 2];
-#pragma unroll
-    for (int i = 0; i < kWideBm / 2; ++i) acc[i] = 0.0f;
-    if (d.kind == kRoutedW1 || d.kind == kRoutedW2) {
-      RunWideMainloop<true>(d, stage_base, stages, stage_bytes, a_tile_region, bars, mbar_timeout,
-                            env, acc, ring, group);
-    } else {
-      RunWideMainloop<false>(d, stage_base, stages, stage_bytes, a_tile_region, bars, mbar_timeout,
-                             env, acc, ring, group);
-    }
-    if (d.scale_shift != 0) {
-      const float undo = FloatFromBits(static_cast<uint32_t>(127 + d.scale_shift) << 23);
-#pragma unroll
-      for (int i = 0; i < kWideBm / 2; ++i) acc[i] *= undo;  // exact: a power of two
-    }
-    // The results go over the stage of the task's last chunk, held by both warpgroups until
-    // neither reads it any more (a barrier of both: their last wgmma completed, their loads done).
-    const int held = ring.stage == 0 ? stages - 1 : ring.stage - 1;
-    NamedBarrier(kConsumerBarrierId, kWideConsumers);
     uint16_t* red_tile =
-        reinterpret_cast<uint16_t*>(stage_base + static_cast<int64_t>(held) * stage_bytes) +
-        group * kTileRows * kWideRedPitch;
-    // red[row][token] as BF16: acc[4j + q] is row 16 warp + g + 8 (q >> 1), token 8j + 2t +
-    // (q & 1) (the wgmma m64nN accumulator layout; past the MMA width the zeros it was
-    // initialized with), a token pair per word.
-#pragma unroll
-    for (int j = 0; j < kWideBm / 8; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        *reinterpret_cast<uint32_t*>(
-            &red_tile[(16 * warp + g + 8 * h) * kWideRedPitch + 8 * j + 2 * t]) =
-            Bf16Bits(acc[4 * j + 2 * h]) | (Bf16Bits(acc[4 * j + 2 * h + 1]) << 16);
-      }
-    }
-    NamedBarrier(barrier, kConsumerThreads);  // red complete
+        d.kind == kRoutedW1 || d.kind == kRoutedW2
+            ? RunWideTask<true, !kShared>(d, stage_base, stages, stage_bytes, a_tile_region, bars,
+                                          mbar_timeout, env, ring, group, token_half_bytes)
+            : RunWideTask<false, !kShared>(d, stage_base, stages, stage_bytes, a_tile_region, bars,
+                                           mbar_timeout, env, ring, group, token_half_bytes);
+    const int held = ring.stage == 0 ? stages - 1 : ring.stage - 1;  // the stage red is over
+    NamedBarrier(barrier, kConsumerThreads);                         // red complete
     TaskEpilogues<kWideBm, 1, true>(p, d, red_tile, kWideRedPitch, group);
     // Every store of the warpgroup's tile is issued and its red is read: the stage goes back.
     NamedBarrier(barrier, kConsumerThreads);
@@ -575,13 +584,16 @@ __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int sta
   if (p.dims.world_size > 1) __threadfence_system();
 }
 
+// One instance per stage layout: with or without the shared expert (WideTokenRows), so that the
+// token rows' extent is a constant of the K loop (as a runtime value it cost 1-2 %).
+template <bool kShared>
 __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
     GroupedGemmWgmmaBf16Kernel(const __grid_constant__ LayerParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // The swizzled layout needs 1024-aligned atoms (WideSmemBytes reserves the slack).
   uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
   const int stages = p.r2_stages;
-  const int stage_bytes = WideStageBytes(p.dims.shared_intermediate > 0);
+  constexpr int stage_bytes = WideStageBytes(kShared);
   Barriers& bars = *reinterpret_cast<Barriers*>(smem + static_cast<size_t>(stages) * stage_bytes);
   if constexpr (kRole2Probe.no_tokens || kRole2Probe.no_weights) {
     // What a probe does not load is zeros, so that the outputs stay finite.
@@ -604,9 +616,9 @@ __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
   }
   __syncthreads();
   if (threadIdx.x >= kWideConsumers) {
-    Producer<kWideBm, GemmKernel::kStreamBf16, true>(p, smem, stages, stage_bytes, bars);
+    Producer<kWideBm, GemmKernel::kStreamBf16, true, kShared>(p, smem, stages, stage_bytes, bars);
   } else {
-    WideConsumers(p, smem, stages, stage_bytes, bars);
+    WideConsumers<kShared>(p, smem, stages, stage_bytes, bars);
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // as GroupedGemmStreamKernel
 }
@@ -676,7 +688,8 @@ StreamKernel KernelFor(int bm) {
 constexpr GemmKernel kStreamKernels[] = {GemmKernel::kStreamMma, GemmKernel::kStreamWgmma,
                                          GemmKernel::kStreamBf16, GemmKernel::kWgmmaBf16};
 
-StreamKernel KernelFor(GemmKernel kernel, int bm) {
+// has_shared: the layer has the shared expert (the bf16-wgmma kernel has an instance for each).
+StreamKernel KernelFor(GemmKernel kernel, int bm, bool has_shared) {
   switch (kernel) {
     case GemmKernel::kStreamMma:
       return KernelFor<GemmKernel::kStreamMma>(bm);
@@ -685,7 +698,8 @@ StreamKernel KernelFor(GemmKernel kernel, int bm) {
     case GemmKernel::kStreamBf16:
       return KernelFor<GemmKernel::kStreamBf16>(bm);
     case GemmKernel::kWgmmaBf16:
-      return bm == kWideBm ? GroupedGemmWgmmaBf16Kernel : KernelFor<GemmKernel::kStreamBf16>(bm);
+      if (bm != kWideBm) return KernelFor<GemmKernel::kStreamBf16>(bm);
+      return has_shared ? GroupedGemmWgmmaBf16Kernel<true> : GroupedGemmWgmmaBf16Kernel<false>;
     default:
       return nullptr;
   }
@@ -696,29 +710,31 @@ StreamKernel KernelFor(GemmKernel kernel, int bm) {
 cudaError_t LoadStreamGemmKernels() {
   for (int bm : kBlockSizes) {
     for (GemmKernel which : kStreamKernels) {
-      const StreamKernel kernel = KernelFor(which, bm);
-      cudaFuncAttributes attributes;
-      cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
-      if (err == cudaSuccess) {
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(kSmemPerSm - kSmemReservedPerCta));
+      for (bool has_shared : {false, true}) {
+        const StreamKernel kernel = KernelFor(which, bm, has_shared);
+        cudaFuncAttributes attributes;
+        cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
+        if (err == cudaSuccess) {
+          err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kSmemPerSm - kSmemReservedPerCta));
+        }
+        // The whole unified L1/shared array as shared memory: the stage rings of
+        // TargetCtasPerSm CTAs need it (the default carveout fit one CTA fewer at BM 32 and 64).
+        if (err == cudaSuccess) {
+          err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared);
+        }
+        if (err != cudaSuccess) return err;
       }
-      // The whole unified L1/shared array as shared memory: the stage rings of
-      // TargetCtasPerSm CTAs need it (the default carveout fit one CTA fewer at BM 32 and 64).
-      if (err == cudaSuccess) {
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                   cudaSharedmemCarveoutMaxShared);
-      }
-      if (err != cudaSuccess) return err;
     }
   }
   return cudaSuccess;
 }
 
 cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel which, int bm, Role2Shape* shape) {
-  const StreamKernel kernel = KernelFor(which, bm);
-  if (kernel == nullptr) return cudaErrorInvalidValue;
   const bool has_shared = dims.shared_intermediate > 0;
+  const StreamKernel kernel = KernelFor(which, bm, has_shared);
+  if (kernel == nullptr) return cudaErrorInvalidValue;
   const bool wide = which == GemmKernel::kWgmmaBf16 && bm == kWideBm;
   // Below BM 64 `bf16-wgmma` runs the bf16 kernels.
   if (which == GemmKernel::kWgmmaBf16) which = GemmKernel::kStreamBf16;
@@ -742,7 +758,7 @@ cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel which, int bm, Rol
 cudaError_t LaunchStreamGemmRole2(const LayerParams& params, GemmKernel which,
                                   const Role2Shape& shape, int grid, cudaStream_t stream,
                                   bool early) {
-  const StreamKernel kernel = KernelFor(which, params.bm);
+  const StreamKernel kernel = KernelFor(which, params.bm, params.dims.shared_intermediate > 0);
   if (kernel == nullptr || params.r2_stages != shape.stages) return cudaErrorInvalidValue;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(grid));

@@ -60,8 +60,11 @@ enum class GemmKernel : int {
 GCMOE_HOST_DEVICE constexpr bool UsesBf16Operands(GemmKernel kernel) {
   return kernel == GemmKernel::kStreamBf16 || kernel == GemmKernel::kWgmmaBf16;
 }
-// The block size at which kWgmmaBf16 runs its own kernel (bf16_wgmma_sm90.cuh, kWideBm).
+// The block size at which kWgmmaBf16 runs its own kernel (bf16_wgmma_sm90.cuh, kWideBm), and
+// the rows of an expert's last block that kernel computes with the full block before it, at an
+// MMA width of up to kWgmmaBf16Bm + kWgmmaBf16MaxTailRows (RingBlock::tail_rows).
 inline constexpr int kWgmmaBf16Bm = 64;
+inline constexpr int kWgmmaBf16MaxTailRows = 16;
 // LayerParams::act_bf16 of a graph: 0 (E4M3 rows), or the K order of its BF16 rows
 // (bf16_operands.h): kBf16WgmmaOrder where the bf16-wgmma kernel runs (BM 64), else
 // kBf16MmaOrder.

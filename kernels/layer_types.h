@@ -68,7 +68,10 @@ struct RingBlock {
   int32_t local_slot;  // which held expert (index into the layer's tiled weights)
   int32_t row_begin;   // first row in the receive index
   int32_t rows;        // 1..BM valid rows
-  int32_t pad;
+  // Role2 of the bf16-wgmma kernel only (else 0): > 0 on a full block whose tasks also compute
+  // the next block, its expert's last, of tail_rows <= kWgmmaBf16MaxTailRows rows; -1 on that
+  // tail block, whose own role2 tasks are skipped. Role1 and role3 treat both as plain blocks.
+  int32_t tail_rows;
 };
 
 // Where expert e's assignments go: positions [0, home_tokens) to home_rank, the rest to

@@ -87,8 +87,46 @@ TEST(GpuStepTables, RoutingAndPackingAgreeWithTheKernelsOnRandomSteps) {
         const std::vector<int> held = step.placement.ExpertsOnRank(r);
         for (size_t i = 0; i < held.size(); ++i) slot_of[r][held[i]] = static_cast<int>(i);
       }
+      // A third of the trials merge no tails; the rest up to a random number of rows.
+      const int max_tail = trial % 3 == 0 ? 0 : 1 + static_cast<int>(rng() % bm);
       std::vector<GpuStepTables> tables(P);
-      for (int r = 0; r < P; ++r) BuildGpuStepTables(plan, r, slot_of[r], bm, &tables[r]);
+      for (int r = 0; r < P; ++r) {
+        BuildGpuStepTables(plan, r, slot_of[r], bm, max_tail, &tables[r]);
+      }
+
+      // Role2 with merged tails: the blocks it computes (all but the tails) cover every receive
+      // row once, each a run of one expert's rows; a merged tail is its expert's partial last
+      // block of at most max_tail rows after a full one, and every such block is merged.
+      for (int r = 0; r < P; ++r) {
+        const std::vector<kernels::RingBlock>& blocks = tables[r].blocks;
+        std::vector<int> computed(static_cast<size_t>(tables[r].rows), 0);
+        for (size_t b = 0; b < blocks.size(); ++b) {
+          const kernels::RingBlock& block = blocks[b];
+          const bool last_of_expert =
+              b + 1 == blocks.size() || blocks[b + 1].local_slot != block.local_slot;
+          const bool after_full =
+              b > 0 && blocks[b - 1].local_slot == block.local_slot && blocks[b - 1].rows == bm;
+          const bool mergeable =
+              last_of_expert && after_full && block.rows < bm && block.rows <= max_tail;
+          ASSERT_EQ(block.tail_rows == -1, mergeable) << "block " << b << " rows " << block.rows;
+          if (block.tail_rows < 0) continue;
+          int rows = block.rows;
+          if (block.tail_rows > 0) {
+            ASSERT_LT(b + 1, blocks.size());
+            const kernels::RingBlock& tail = blocks[b + 1];
+            ASSERT_EQ(tail.tail_rows, -1);
+            ASSERT_EQ(block.rows, bm);
+            ASSERT_EQ(tail.local_slot, block.local_slot);
+            ASSERT_EQ(tail.rows, block.tail_rows);
+            ASSERT_EQ(tail.row_begin, block.row_begin + bm);
+            rows += tail.rows;
+          }
+          for (int i = 0; i < rows; ++i) ++computed[block.row_begin + i];
+        }
+        for (int64_t i = 0; i < tables[r].rows; ++i) {
+          ASSERT_EQ(computed[i], 1) << "rank " << r << " row " << i << " max_tail " << max_tail;
+        }
+      }
 
       // Role1: every source routes its assignments into the computing ranks' indexes.
       std::vector<std::vector<int>> received(P);   // receive rows written, per target
@@ -108,16 +146,17 @@ TEST(GpuStepTables, RoutingAndPackingAgreeWithTheKernelsOnRandomSteps) {
             const int target = at_home ? route.home_rank : route.host_rank;
             ASSERT_GE(target, 0) << "P " << P << " expert " << e << " position " << position;
             ASSERT_EQ(target, plan.ComputeRank(e, position));
-            const int index =
-                at_home ? route.home_base + position : route.host_base + (position - route.home_tokens);
+            const int index = at_home ? route.home_base + position
+                                      : route.host_base + (position - route.home_tokens);
             ASSERT_GE(index, 0);
             ASSERT_LT(index, tables[target].rows) << "P " << P << " expert " << e;
             ++received[target][index];
             expert_of[target][index] = e;
             // The baseline's send place of the same assignment.
-            const int send = at_home ? route.send_home + (position - route.src_offset)
-                                     : route.send_host +
-                                           (position - std::max(route.src_offset, route.home_tokens));
+            const int send =
+                at_home
+                    ? route.send_home + (position - route.src_offset)
+                    : route.send_host + (position - std::max(route.src_offset, route.home_tokens));
             ASSERT_GE(send, tables[q].send_start[target]);
             ASSERT_LT(send, tables[q].send_start[target] + tables[q].send_count[target]);
             ++sent_at[send];
@@ -140,7 +179,8 @@ TEST(GpuStepTables, RoutingAndPackingAgreeWithTheKernelsOnRandomSteps) {
       for (int r = 0; r < P; ++r) {
         ASSERT_EQ(tables[r].rows, RowsComputedBy(plan, r));
         all_rows += tables[r].rows;
-        for (int v : received[r]) ASSERT_EQ(v, 1) << "rank " << r << ": a receive row written " << v;
+        for (int v : received[r])
+          ASSERT_EQ(v, 1) << "rank " << r << ": a receive row written " << v;
         // The blocks cut the receive index in order, one expert each, at most BM rows.
         int64_t next = 0;
         for (const kernels::RingBlock& b : tables[r].blocks) {

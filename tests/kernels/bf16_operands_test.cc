@@ -243,7 +243,10 @@ TEST(Bf16Operands, BlockFragmentsFollowThePtxLayout) {
     uint32_t a[2][4];
     DecodeBlockFragments<false>(words, scale_word, kb, a);
     for (int h = 0; h < 2; ++h) {
+      uint32_t step[4];  // the one-step form the bf16-wgmma kernel's merged blocks decode
+      DecodeStepFragments<false>(words, scale_word, kb, h, step);
       for (int i = 0; i < 4; ++i) {
+        EXPECT_EQ(step[i], a[h][i]) << "block " << kb << " step " << h << " register " << i;
         const int row8 = i % 2;
         // The row's multiplier: byte 2 (kb % 2) + row8 of the scale word.
         const uint32_t code = (0x7B7C7D7Eu >> (8 * (2 * (kb % 2) + row8))) & 0xFFu;

@@ -159,6 +159,29 @@ TEST_F(CudaBackendTest, RingSlotReuseMatchesCpu) {
   }
 }
 
+// The bf16-wgmma kernel at BM 64 computes an expert's last block of up to 16 rows with the full
+// block before it (RingBlock::tail_rows): expert 1 takes every token's first slot, so T = 70 and
+// 80 leave tails of 6 and 16 rows (merged, the second at the widest MMA), 81 one of 17 (not
+// merged), 140 a third block of 12 (merged) and 150 one of 22. With two ring slots the tail's
+// slot is reused too.
+TEST_F(CudaBackendTest, Bf16WgmmaMergedTailsMatchCpu) {
+  const engine::ModelSpec spec = SmallModel(false);
+  server::RandomCodeWeightSource weights(spec, 19);
+  std::mt19937_64 rng(13);
+  for (const char* ring : {"GCMOE_CUDA_RING_BLOCKS=0", "GCMOE_CUDA_RING_BLOCKS=2"}) {
+    auto pair = BackendPair::Create(spec, 160, weights, {"GCMOE_CUDA_GEMM=bf16-wgmma", ring});
+    ASSERT_NE(pair, nullptr);
+    ASSERT_TRUE(pair->cuda()->ForceBlockRows(64).ok());
+    for (Routing routing : {Routing::kOneExpert, Routing::kAllOnOneExpert}) {
+      for (int tokens : {70, 80, 81, 140, 150}) {
+        const StepInputs in = MakeInputs(spec, tokens, DType::kBF16, routing, &rng);
+        ExpectMatch(pair.get(), in, ++generation_,
+                    std::string(ring) + " T " + std::to_string(tokens));
+      }
+    }
+  }
+}
+
 // Roles overlapped on two partitions, in sequence on the compute partition, and in sequence on
 // every SM without a partition (the service default): the same bits.
 TEST_F(CudaBackendTest, SequentialModeMatchesConcurrentBitForBit) {
@@ -339,6 +362,14 @@ TEST_F(CudaBackendTest, SanitizerCase) {
   ASSERT_TRUE(wide->cuda()->ForceBlockRows(64).ok());
   const StepInputs in = MakeInputs(spec, 9, DType::kBF16, Routing::kUniform, &rng);
   ExpectMatch(wide.get(), in, ++generation_, "sanitizer case, bf16-wgmma BM 64");
+  // Without the shared expert, a merged tail (expert 1's 70 rows: 64 + 6).
+  const engine::ModelSpec routed = SmallModel(false);
+  server::RandomCodeWeightSource routed_weights(routed, 18);
+  auto merged = BackendPair::Create(routed, 80, routed_weights, {"GCMOE_CUDA_GEMM=bf16-wgmma"});
+  ASSERT_NE(merged, nullptr);
+  ASSERT_TRUE(merged->cuda()->ForceBlockRows(64).ok());
+  const StepInputs tail = MakeInputs(routed, 70, DType::kBF16, Routing::kOneExpert, &rng);
+  ExpectMatch(merged.get(), tail, ++generation_, "sanitizer case, bf16-wgmma merged tail");
 }
 
 }  // namespace
