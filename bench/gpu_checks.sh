@@ -137,7 +137,7 @@ if has variants; then
 fi
 
 # Ablations (GLM slice, default role2): overlap off (one context, dispatch then GEMM) against on;
-# the dispatch partition's SM request; the block size BM.
+# the dispatch partition's SM request; the block size BM; merged tails at BM 64.
 if has ablate; then
   STAGE_LOG=ablate.txt; : > "$OUT/$STAGE_LOG"; : > "$OUT/$STAGE_LOG.rows"
   for d in 0 4 8 16 24; do
@@ -145,6 +145,11 @@ if has ablate; then
   done
   for bm in 8 16 32 64; do
     bench_rows "bm=$bm" --bm "$bm" --tokens-per-rank 8,64,256
+  done
+  # The bf16-wgmma kernel's merged tails (an expert's short last block with the block before it)
+  # on and off, from the T where experts start to exceed 64 rows.
+  for merge in 1 0; do
+    GCMOE_CUDA_MERGE_TAILS=$merge bench_rows "merge-tails=$merge" --bm 64 --tokens-per-rank 192,224,256
   done
   note ablate ok "$(wc -l < "$OUT/$STAGE_LOG.rows") rows"
 fi
