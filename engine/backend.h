@@ -26,14 +26,14 @@ struct HiddenView {
 };
 
 struct StepContext {
-  uint64_t generation = 0;   // unique, increasing; tags every signal of this step
+  uint64_t generation = 0;  // unique, increasing; tags every signal of this step
   int layer = 0;
-  int num_tokens = 0;        // T_r: tokens whose source is this rank
+  int num_tokens = 0;  // T_r: tokens whose source is this rank
   HiddenView hidden;
-  const int32_t* topk_ids = nullptr;      // [T_r, k], -1 = unused slot
-  const float* topk_weights = nullptr;    // [T_r, k]
+  const int32_t* topk_ids = nullptr;    // [T_r, k], -1 = unused slot
+  const float* topk_weights = nullptr;  // [T_r, k]
   const StepPlan* plan = nullptr;
-  bool output_fp32 = false;               // else BF16
+  bool output_fp32 = false;  // else BF16
 };
 
 struct StepOutput {
@@ -52,13 +52,13 @@ struct BackendOptions {
   ModelSpec model;
   int rank = 0;
   int world_size = 1;
-  int max_tokens_per_rank = 0;  // capacity every buffer is sized for
-  int threads = 0;              // CPU worker threads; 0 = hardware concurrency
+  int max_tokens_per_rank = 0;     // capacity every buffer is sized for
+  int threads = 0;                 // CPU worker threads; 0 = hardware concurrency
   int exchange_timeout_ms = 2000;  // longest any wait on a peer may take before failing
-  std::string instance;         // names this service's exchange segments (shm names, etc.)
+  std::string instance;            // names this service's exchange segments (shm names, etc.)
   // CUDA only.
   int device = 0;
-  int dispatch_sms = 0;         // SMs requested for the dispatch green context; 0 = none
+  int dispatch_sms = 0;  // SMs requested for the dispatch green context; 0 = none
   // "bf16-wgmma", "bf16", "stream", "wgmma" or "mma"; empty: GCMOE_CUDA_GEMM, else bf16-wgmma
   std::string role2_kernel;
   // How tokens cross GPUs (P > 1): "gcmoe" (the fused roles over CUDA IPC peer mappings) or

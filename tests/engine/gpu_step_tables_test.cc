@@ -146,17 +146,16 @@ TEST(GpuStepTables, RoutingAndPackingAgreeWithTheKernelsOnRandomSteps) {
             const int target = at_home ? route.home_rank : route.host_rank;
             ASSERT_GE(target, 0) << "P " << P << " expert " << e << " position " << position;
             ASSERT_EQ(target, plan.ComputeRank(e, position));
-            const int index = at_home ? route.home_base + position
-                                      : route.host_base + (position - route.home_tokens);
+            const int index =
+                at_home ? route.home_base + position : route.host_base + (position - route.home_tokens);
             ASSERT_GE(index, 0);
             ASSERT_LT(index, tables[target].rows) << "P " << P << " expert " << e;
             ++received[target][index];
             expert_of[target][index] = e;
             // The baseline's send place of the same assignment.
-            const int send =
-                at_home
-                    ? route.send_home + (position - route.src_offset)
-                    : route.send_host + (position - std::max(route.src_offset, route.home_tokens));
+            const int send = at_home ? route.send_home + (position - route.src_offset)
+                                     : route.send_host +
+                                           (position - std::max(route.src_offset, route.home_tokens));
             ASSERT_GE(send, tables[q].send_start[target]);
             ASSERT_LT(send, tables[q].send_start[target] + tables[q].send_count[target]);
             ++sent_at[send];
@@ -179,8 +178,7 @@ TEST(GpuStepTables, RoutingAndPackingAgreeWithTheKernelsOnRandomSteps) {
       for (int r = 0; r < P; ++r) {
         ASSERT_EQ(tables[r].rows, RowsComputedBy(plan, r));
         all_rows += tables[r].rows;
-        for (int v : received[r])
-          ASSERT_EQ(v, 1) << "rank " << r << ": a receive row written " << v;
+        for (int v : received[r]) ASSERT_EQ(v, 1) << "rank " << r << ": a receive row written " << v;
         // The blocks cut the receive index in order, one expert each, at most BM rows.
         int64_t next = 0;
         for (const kernels::RingBlock& b : tables[r].blocks) {
