@@ -107,10 +107,10 @@ static_assert(WideTokenHalfBytes(false) % 1024 == 0 && WideTokenHalfBytes(true) 
 // One chunk (the stage at `ring`) of warpgroup `group`'s K loop at MMA width N: per K32 block,
 // this warp's lane words of stripe q of tile `group` for that block, the decode of both K16
 // steps' A registers, then their two wgmma as one group, waited for before the next block.
-// Waiting per block keeps one block's A registers live: three CTAs per SM leave 72 registers,
-// where a group in flight across the next block's decode made ptxas serialize every wgmma
-// (C7512, insufficient registers) and measured 0.99-1.02x the time of waiting (the SM's other
-// five warpgroups fill the tensor core meanwhile). The stage is released after the last block.
+// Waiting per block keeps one block's A registers live: three CTAs per SM leave 72 registers.
+// Decoding block kb + 1 while block kb's wgmma run measured 0.99-1.02x (session 12, where ptxas
+// serialized the wgmma: C7512) and 0.99-1.01x (session 13, without C7512): the SM's other five
+// warpgroups fill the tensor core meanwhile. The stage is released after the last block.
 template <int N, bool kFp4>
 __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_bytes,
                                           int a_tile_region, Barriers& bars, uint64_t mbar_timeout,

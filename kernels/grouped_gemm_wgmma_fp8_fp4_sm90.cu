@@ -143,9 +143,23 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
     FenceProxyAsyncShared();
     while (pending != 0) release_oldest();
   };
+  // Waits for `flag` to reach `target` (all lanes; false if the step was aborted), then every
+  // lane's own acquire: the cp.async reads it issues follow it, and the consumers see the same
+  // writes through the descriptor barrier (release/acquire, CTA scope).
+  auto await_flag = [&](const uint32_t* flag, uint32_t target, int what, int index) {
+    int ok = lane == 0 && LdAcquireGpu(flag) >= target ? 1 : 0;
+    if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) {
+      release_all();  // the awaited W1 tiles may be this CTA's own
+      if (lane == 0) ok = WaitFlagInline(env, flag, target, what, index) ? 1 : 0;
+    }
+    ok = __shfl_sync(0xFFFFFFFFu, ok, 0);
+    if (ok) (void)LdAcquireGpu(flag);
+    return ok != 0;
+  };
   // A routed task of a block merged into the block before it (RingBlock::tail_rows < 0): that
-  // block's tasks compute its rows, so it is claimed and dropped.
-  // Only the layout of stages without the shared expert has room for a tail (WideTokenRows).
+  // block's tasks compute its rows, so it is claimed and dropped. Only the layout of stages
+  // without the shared expert has room for a tail (WideTokenRows). The kept task is decoded again
+  // below: carrying the decoded task out of this loop cost the kernel 4-8 more spill bytes.
   constexpr bool merging = kWide && !kShared;
   auto merged_tail = [&](int task) {
     if (!merging || task < tasks.end_shared_w1) return false;
@@ -190,36 +204,19 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
           flag = &p.w1_done[block], target = static_cast<uint32_t>(n1), what = kWaitW1Done;
           break;
       }
-      int ok = lane == 0 && LdAcquireGpu(flag) >= target ? 1 : 0;
-      if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) {
-        release_all();  // the awaited W1 tiles may be this CTA's own
-        if (lane == 0) ok = WaitFlagInline(env, flag, target, what, block) ? 1 : 0;
-      }
-      ok = __shfl_sync(0xFFFFFFFFu, ok, 0);
-      // A merged routed W1 task also reads its tail block's ring slot (the tail is block + 1).
-      const int tail =
-          merging && kind == kRoutedW1 && p.blocks[block].tail_rows > 0 ? block + 1 : -1;
-      const int tail_slot = tail < 0 ? 0 : tail % p.ring_blocks;
-      if (ok && tail >= 0) {
-        const uint32_t* tail_flag = &p.ring_full[tail_slot];
-        const uint32_t tail_target = static_cast<uint32_t>(tail / p.ring_blocks) + 1;
-        ok = lane == 0 && LdAcquireGpu(tail_flag) >= tail_target ? 1 : 0;
-        if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) {
-          release_all();
-          if (lane == 0) {
-            ok = WaitFlagInline(env, tail_flag, tail_target, kWaitRingFull, tail) ? 1 : 0;
-          }
-        }
-        ok = __shfl_sync(0xFFFFFFFFu, ok, 0);
-        if (ok) (void)LdAcquireGpu(tail_flag);
+      const bool routed = kind == kRoutedW1 || kind == kRoutedW2;
+      // A merged block's tail is block + 1; its W1 tasks also read the tail's ring slot.
+      const int tail_rows = merging && routed ? max(p.blocks[block].tail_rows, 0) : 0;
+      const int tail_slot = tail_rows > 0 ? (block + 1) % p.ring_blocks : 0;
+      bool ok = await_flag(flag, target, what, block);
+      if (ok && tail_rows > 0 && kind == kRoutedW1) {
+        ok = await_flag(&p.ring_full[tail_slot],
+                        static_cast<uint32_t>((block + 1) / p.ring_blocks) + 1, kWaitRingFull,
+                        block + 1);
       }
       if (ok) {
-        // Every lane's own acquire: the cp.async reads it issues below follow it. The consumers
-        // see the same writes through the descriptor barrier (release/acquire, CTA scope).
-        (void)LdAcquireGpu(flag);
         if constexpr (kTmaB) FenceProxyAsyncGlobal();  // the activations come by TMA
-        const RingBlock blk =
-            kind == kRoutedW1 || kind == kRoutedW2 ? p.blocks[block] : RingBlock{};
+        const RingBlock blk = routed ? p.blocks[block] : RingBlock{};
         const int shared_rows = min(BM, T - block * BM);
         d.kind = kind, d.block = block, d.tile = tile;
         switch (kind) {
@@ -236,7 +233,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
                                     TileBytes(TileFormat::kE2M1, H);
             act = p.ring + static_cast<int64_t>(slot) * BM * H * kActBytes;
             act_scales = p.ring_scales + static_cast<int64_t>(slot) * BM * (H / 32);
-            d.k = H, d.rows = blk.rows + (merging ? max(blk.tail_rows, 0) : 0);
+            d.k = H, d.rows = blk.rows + tail_rows;
             act_map = &maps[kMapRing], act_row = slot * BM, tail_row = tail_slot * BM;
             break;
           case kSharedW2:
@@ -251,7 +248,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
                                     TileBytes(TileFormat::kE2M1, I);
             act = p.h_q + static_cast<int64_t>(block) * BM * I * kActBytes;
             act_scales = p.h_s + static_cast<int64_t>(block) * BM * (I / 32);
-            d.k = I, d.rows = blk.rows + (merging ? max(blk.tail_rows, 0) : 0);
+            d.k = I, d.rows = blk.rows + tail_rows;
             act_map = &maps[kMapH], act_row = block * BM, tail_row = act_row + BM;
             break;
         }
