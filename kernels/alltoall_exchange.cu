@@ -132,7 +132,9 @@ __global__ void __launch_bounds__(kRoleThreads)
     if (lane == 0) p.meta[ring_row] = h.meta;
   }
   if (blockIdx.x == 0) {
-    for (int b = threadIdx.x; b < hdr.num_blocks; b += blockDim.x) p.ring_full[b] = 1;
+    // Generation 0 of every slot, complete (RingFullTarget).
+    const uint32_t full = RingFullTarget(0, 1, PullParts(hdr.num_blocks, p.role1_grid));
+    for (int b = threadIdx.x; b < hdr.num_blocks; b += blockDim.x) p.ring_full[b] = full;
     if (threadIdx.x == 0) p.sig->x_ready = 1;
   }
 }

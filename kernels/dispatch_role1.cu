@@ -10,9 +10,10 @@
 //      to every rank's tag1[parity]; a rank goes on once its own counter reaches P. After it,
 //      every receive entry and every source's x_q are complete.
 //   C. Pull: block b of the step's block table goes to ring slot b % R as generation b / R,
-//      once role2 has released the slot's previous generation (ring_empty); the block's rows
-//      (codes, scales) and metadata are copied, then ring_full[slot] = generation + 1 is
-//      released. Role2 acquires it before its W1 tasks read the slot.
+//      once role2 has released the slot's previous generation (ring_empty), in PullParts
+//      pieces of its rows, one CTA each; a piece's rows (codes, scales) and metadata are
+//      copied, then one is added to ring_full[slot]. Role2 acquires the slot at
+//      RingFullTarget before its W1 tasks read it (layer_types.h).
 //
 // Counters written here are reset by role3 for the next replay (see layer_types.h Signals).
 #include <cstdint>
@@ -25,6 +26,8 @@ namespace gcmoe::kernels {
 namespace {
 
 constexpr int kWarps = kRoleThreads / 32;
+constexpr int kRouteBatch = 8;  // groups of 32 assignments a warp ranks per round (phase A)
+constexpr int kPullBatch = 4;   // 32-value blocks a thread converts per round (phase C)
 
 __global__ void __launch_bounds__(kRoleThreads)
     DispatchRole1Kernel(const __grid_constant__ LayerParams p) {
@@ -32,6 +35,7 @@ __global__ void __launch_bounds__(kRoleThreads)
   __shared__ int s_go;                // phase B's outcome
   __shared__ int s_pull_go;           // each pulled block's slot wait (a separate word: threads may
                                       // still read s_go when thread 0 starts the first slot wait)
+  __shared__ uint4 s_rows[kBlockSizes[kNumBlockSizes - 1]];  // a piece's receive entries
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   // A role2 launched behind this kernel with programmatic serialization (the roles in sequence,
@@ -59,22 +63,35 @@ __global__ void __launch_bounds__(kRoleThreads)
   const int assignments = T * k;
   for (int i = threadIdx.x; i < assignments; i += blockDim.x) s_ids[i] = p.topk_ids[i];
   __syncthreads();
+  // A warp ranks kRouteBatch groups of 32 assignments per round, their routing weights loaded
+  // first: a weight loaded per group, stored with its receive entry, made every group with a hit
+  // wait one L2 round trip (64 at GLM-5.2 T = 256).
   for (int e = blockIdx.x * kWarps + warp; e < p.dims.num_experts; e += gridDim.x * kWarps) {
     const ExpertRoute route = p.routes[e];
     int seen = 0;
-    for (int a0 = 0; a0 < assignments; a0 += 32) {
-      const int a = a0 + lane;
-      const bool hit = a < assignments && s_ids[a] == e;
-      const uint32_t mask = __ballot_sync(0xFFFFFFFFu, hit);
-      if (hit) {
-        const int position = route.src_offset + seen + __popc(mask & ((1u << lane) - 1u));
-        const bool at_home = position < route.home_tokens;
-        const int target = at_home ? route.home_rank : route.host_rank;
-        const int index =
-            at_home ? route.home_base + position : route.host_base + (position - route.home_tokens);
-        p.peers.recv[target][index] = RowMeta{a / k, a % k, p.dims.rank, p.topk_weights[a]};
+    for (int a0 = 0; a0 < assignments; a0 += 32 * kRouteBatch) {
+      bool hit[kRouteBatch];
+      float weight[kRouteBatch];
+#pragma unroll
+      for (int u = 0; u < kRouteBatch; ++u) {
+        const int a = a0 + 32 * u + lane;
+        hit[u] = a < assignments && s_ids[a] == e;
+        weight[u] = hit[u] ? p.topk_weights[a] : 0.0f;
       }
-      seen += __popc(mask);
+#pragma unroll
+      for (int u = 0; u < kRouteBatch; ++u) {
+        const int a = a0 + 32 * u + lane;
+        const uint32_t mask = __ballot_sync(0xFFFFFFFFu, hit[u]);
+        if (hit[u]) {
+          const int position = route.src_offset + seen + __popc(mask & ((1u << lane) - 1u));
+          const bool at_home = position < route.home_tokens;
+          const int target = at_home ? route.home_rank : route.host_rank;
+          const int index = at_home ? route.home_base + position
+                                    : route.host_base + (position - route.home_tokens);
+          p.peers.recv[target][index] = RowMeta{a / k, a % k, p.dims.rank, weight[u]};
+        }
+        seen += __popc(mask);
+      }
     }
   }
 
@@ -101,10 +118,12 @@ __global__ void __launch_bounds__(kRoleThreads)
   __syncthreads();
   if (!s_go) return;
 
-  // C. Pull ring blocks in increasing logical order.
+  // C. Pull ring blocks in increasing logical order, each in `parts` pieces of its rows.
   const int n1 = p.dims.intermediate / 32;  // W1 tiles that read each ring block
   const int scale_bytes = H / 32;
-  for (int b = blockIdx.x; b < hdr.num_blocks; b += gridDim.x) {
+  const int parts = PullParts(hdr.num_blocks, p.role1_grid);  // as role2 derives it
+  for (int piece = blockIdx.x; piece < hdr.num_blocks * parts; piece += gridDim.x) {
+    const int b = piece / parts;
     const int slot = b % p.ring_blocks;
     const uint32_t generation = static_cast<uint32_t>(b / p.ring_blocks);
     if (threadIdx.x == 0) {
@@ -115,28 +134,49 @@ __global__ void __launch_bounds__(kRoleThreads)
     __syncthreads();
     if (!s_pull_go) return;
     const RingBlock blk = p.blocks[b];
+    const int r0 = blk.rows * (piece % parts) / parts;
+    const int rows = blk.rows * (piece % parts + 1) / parts - r0;
+    // The piece's receive entries, once: every item below reads its row's.
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+      const uint4 raw = LdCg128(&p.recv[blk.row_begin + r0 + r]);
+      s_rows[r] = raw;
+      *reinterpret_cast<uint4*>(&p.meta[static_cast<int64_t>(b) * p.bm + r0 + r]) = raw;
+    }
+    __syncthreads();
     if (p.act_bf16) {
-      // The bf16 role2's BF16 rows: one thread per (row, 32-value block), so a block of one or
-      // two rows is converted by the whole CTA at once.
-      for (int i = threadIdx.x; i < blk.rows * scale_bytes; i += blockDim.x) {
-        const int r = i / scale_bytes;
-        const uint4 raw = LdCg128(&p.recv[blk.row_begin + r]);
-        const int token = static_cast<int>(raw.x);
-        const int src = static_cast<int>(raw.z);
-        // Another GPU's activations: fetched afresh (ld.cv), never from a line this GPU cached
-        // in an earlier replay.
-        E4m3BlockToBf16Row(
-            p.peers.x_q[src] + static_cast<int64_t>(token) * H,
-            p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes, i % scale_bytes,
-            src != p.dims.rank, p.act_bf16,
-            reinterpret_cast<uint16_t*>(p.ring) + (static_cast<int64_t>(slot) * p.bm + r) * H);
-        if (i % scale_bytes == 0) {
-          *reinterpret_cast<uint4*>(&p.meta[static_cast<int64_t>(b) * p.bm + r]) = raw;
+      // The bf16 role2's BF16 rows: one thread per (row, 32-value block), kPullBatch of them
+      // with their loads in flight at once.
+      const int items = rows * scale_bytes;
+      for (int i0 = threadIdx.x; i0 < items; i0 += kPullBatch * blockDim.x) {
+        uint4 lo[kPullBatch], hi[kPullBatch];
+        uint32_t scale_word[kPullBatch];
+#pragma unroll
+        for (int u = 0; u < kPullBatch; ++u) {
+          const int i = i0 + u * blockDim.x;
+          if (i >= items) break;
+          const uint4 raw = s_rows[i / scale_bytes];
+          const int token = static_cast<int>(raw.x);
+          const int src = static_cast<int>(raw.z);
+          // Another GPU's activations: fetched afresh (ld.cv), never from a line this GPU cached
+          // in an earlier replay.
+          LoadE4m3Block(p.peers.x_q[src] + static_cast<int64_t>(token) * H,
+                        p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes,
+                        i % scale_bytes, src != p.dims.rank, &lo[u], &hi[u], &scale_word[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kPullBatch; ++u) {
+          const int i = i0 + u * blockDim.x;
+          if (i >= items) break;
+          const int r = i / scale_bytes;
+          const int blk32 = i % scale_bytes;
+          StoreE4m3BlockAsBf16(lo[u], hi[u], scale_word[u], blk32, p.act_bf16,
+                               reinterpret_cast<uint16_t*>(p.ring) +
+                                   (static_cast<int64_t>(slot) * p.bm + r0 + r) * H);
         }
       }
     } else {
-      for (int r = warp; r < blk.rows; r += kWarps) {
-        const uint4 raw = LdCg128(&p.recv[blk.row_begin + r]);
+      for (int r = warp; r < rows; r += kWarps) {
+        const uint4 raw = s_rows[r];
         const int token = static_cast<int>(raw.x);
         const int src = static_cast<int>(raw.z);
         // Another GPU's activations: fetched afresh (ld.cv), never from a line this GPU cached
@@ -144,7 +184,7 @@ __global__ void __launch_bounds__(kRoleThreads)
         const bool remote = src != p.dims.rank;
         const uint8_t* src_row = p.peers.x_q[src] + static_cast<int64_t>(token) * H;
         const uint8_t* src_scales = p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes;
-        const int64_t ring_row = static_cast<int64_t>(slot) * p.bm + r;
+        const int64_t ring_row = static_cast<int64_t>(slot) * p.bm + r0 + r;
         uint8_t* dst_row = p.ring + ring_row * H;
         uint8_t* dst_scales = p.ring_scales + ring_row * scale_bytes;
 #pragma unroll 4
@@ -156,13 +196,12 @@ __global__ void __launch_bounds__(kRoleThreads)
           *reinterpret_cast<uint32_t*>(dst_scales + o) =
               remote ? LdCv32(src_scales + o) : LdCg32(src_scales + o);
         }
-        if (lane == 0) *reinterpret_cast<uint4*>(&p.meta[static_cast<int64_t>(b) * p.bm + r]) = raw;
       }
     }
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence();
-      StReleaseGpu(&p.ring_full[slot], generation + 1);
+      RedAddReleaseGpu(&p.ring_full[slot], 1);  // one piece (RingFullTarget)
     }
   }
 }

@@ -280,9 +280,9 @@ __global__ void __launch_bounds__(kRoleThreads, NT <= 4 ? 2 : 1)
           ok = WaitAtLeast(env, &p.sig->x_ready, 1, false, kWaitXReady, block);
           break;
         case kRoutedW1:
-          ok =
-              WaitAtLeast(env, &p.ring_full[slot], static_cast<uint32_t>(block / p.ring_blocks) + 1,
-                          false, kWaitRingFull, block);
+          ok = WaitAtLeast(env, &p.ring_full[slot],
+                           RingFullTarget(block, p.ring_blocks, PullParts(nb, p.role1_grid)), false,
+                           kWaitRingFull, block);
           break;
         case kSharedW2:
           ok = WaitAtLeast(env, &p.w1s_done[block], n1s, false, kWaitSharedW1Done, block);

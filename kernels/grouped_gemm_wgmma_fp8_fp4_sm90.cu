@@ -110,6 +110,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
   const int n1 = I / 32;
   const int n1s = Is / 32;
   const int n2 = H / kTileRows;
+  const int pull_parts = PullParts(hdr.num_blocks, p.role1_grid);  // role1's pieces per block
   // A task's tile index counts groups of kTiles adjacent tiles.
   const Role2TaskSpace tasks(hdr.num_blocks, hdr.num_shared_blocks, n1 / kTiles, n1s / kTiles,
                              n2 / kTiles);
@@ -194,7 +195,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
           flag = &p.sig->x_ready, target = 1, what = kWaitXReady;
           break;
         case kRoutedW1:
-          flag = &p.ring_full[slot], target = static_cast<uint32_t>(block / p.ring_blocks) + 1,
+          flag = &p.ring_full[slot], target = RingFullTarget(block, p.ring_blocks, pull_parts),
           what = kWaitRingFull;
           break;
         case kSharedW2:
@@ -211,7 +212,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
       bool ok = await_flag(flag, target, what, block);
       if (ok && tail_rows > 0 && kind == kRoutedW1) {
         ok = await_flag(&p.ring_full[tail_slot],
-                        static_cast<uint32_t>((block + 1) / p.ring_blocks) + 1, kWaitRingFull,
+                        RingFullTarget(block + 1, p.ring_blocks, pull_parts), kWaitRingFull,
                         block + 1);
       }
       if (ok) {

@@ -74,6 +74,21 @@ struct RingBlock {
   int32_t tail_rows;
 };
 
+// role1 fills a ring block in `parts` pieces of its rows, one CTA each, when the step has fewer
+// blocks than role1 has CTAs: with one CTA per block, GLM-5.2 T = 256 (45 blocks on 132 CTAs)
+// took 66 us in role1 (H200, 2026-12-02). ring_full[slot] counts the pieces: generation g of a
+// slot (logical block g * R + slot) is complete once it reaches (g + 1) * parts. Every role that
+// fills or awaits a slot derives `parts` from the step's block count and role1's grid.
+inline constexpr int kMaxPullParts = 16;
+GCMOE_HOST_DEVICE constexpr int PullParts(int num_blocks, int role1_grid) {
+  if (num_blocks <= 0) return 1;
+  const int parts = role1_grid / num_blocks;
+  return parts < 1 ? 1 : parts > kMaxPullParts ? kMaxPullParts : parts;
+}
+GCMOE_HOST_DEVICE constexpr uint32_t RingFullTarget(int block, int ring_blocks, int parts) {
+  return static_cast<uint32_t>(block / ring_blocks + 1) * static_cast<uint32_t>(parts);
+}
+
 // Where expert e's assignments go: positions [0, home_tokens) to home_rank, the rest to
 // host_rank; each target appends them to its receive index from the given base (the bases
 // are the targets' own, identical on every rank).
@@ -283,7 +298,7 @@ struct LayerParams {
   uint16_t* combine;     // [capacity, k+1, H] BF16
   void* out;             // [capacity, H] BF16 or FP32
   Signals* sig;
-  uint32_t* ring_full;   // [R] generation + 1 of the block last filled into the slot
+  uint32_t* ring_full;   // [R] pieces filled into the slot, over generations (PullParts)
   uint32_t* ring_empty;  // [R] W1 tiles finished reading the slot, summed over generations
   uint32_t* w1_done;     // [max_blocks] W1 tiles finished per logical block
   uint32_t* w1s_done;    // [max shared blocks] shared W1 tiles finished per block

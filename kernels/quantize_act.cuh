@@ -26,17 +26,33 @@ __device__ __forceinline__ void StoreBf16Block(const uint32_t (&codes)[8], uint3
     d[u] = make_uint4(out[4 * u], out[4 * u + 1], out[4 * u + 2], out[4 * u + 3]);
 }
 
+// Block b (32 values) of an E4M3 row (codes, scales), loaded: its codes and the scale word that
+// holds its scale code. `fresh`: another GPU's row, read afresh (ld.cv), never from a line this
+// GPU cached earlier.
+__device__ __forceinline__ void LoadE4m3Block(const uint8_t* codes, const uint8_t* scales, int b,
+                                              bool fresh, uint4* lo, uint4* hi,
+                                              uint32_t* scale_word) {
+  const uint8_t* src = codes + b * 32;
+  *lo = fresh ? LdCv128(src) : LdCg128(src);
+  *hi = fresh ? LdCv128(src + 16) : LdCg128(src + 16);
+  const uint32_t* word = reinterpret_cast<const uint32_t*>(scales + (b / 4) * 4);
+  *scale_word = fresh ? LdCv32(word) : LdCg32(word);
+}
+
+// A block LoadE4m3Block loaded, stored as the bf16 role2's BF16 values of block b of `dst_row`.
+__device__ __forceinline__ void StoreE4m3BlockAsBf16(uint4 lo, uint4 hi, uint32_t scale_word, int b,
+                                                     int order, uint16_t* dst_row) {
+  const uint32_t block[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  StoreBf16Block(block, (scale_word >> (8 * (b % 4))) & 0xFFu, order, dst_row + b * 32);
+}
+
 // Block b (32 values) of an E4M3 row (codes, scales) as the bf16 role2's BF16 values, one thread.
-// `fresh`: another GPU's row, read afresh (ld.cv), never from a line this GPU cached earlier.
 __device__ __forceinline__ void E4m3BlockToBf16Row(const uint8_t* codes, const uint8_t* scales,
                                                    int b, bool fresh, int order, uint16_t* dst) {
-  const uint8_t* src = codes + b * 32;
-  const uint4 lo = fresh ? LdCv128(src) : LdCg128(src);
-  const uint4 hi = fresh ? LdCv128(src + 16) : LdCg128(src + 16);
-  const uint32_t* word = reinterpret_cast<const uint32_t*>(scales + (b / 4) * 4);
-  const uint32_t scale_word = fresh ? LdCv32(word) : LdCg32(word);
-  const uint32_t block[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-  StoreBf16Block(block, (scale_word >> (8 * (b % 4))) & 0xFFu, order, dst + b * 32);
+  uint4 lo, hi;
+  uint32_t scale_word;
+  LoadE4m3Block(codes, scales, b, fresh, &lo, &hi, &scale_word);
+  StoreE4m3BlockAsBf16(lo, hi, scale_word, b, order, dst);
 }
 
 // The bf16 role2's BF16 row of an E4M3 row: lane per 32-value block.
