@@ -481,7 +481,7 @@ Status CudaBackend::Sync(const char* what, uint64_t generation) {
 }
 
 cudaError_t CudaBackend::Launch(int bm, Status* nccl_status) {
-  if (!alltoall_) return graph_->Replay(bm);
+  if (!alltoall_) return graph_->Replay(bm, tables_.merged_tails());
   using kernels::AllToAllStage;
   kernels::LayerGraph& g = *graph_;
   cudaError_t err = g.LaunchAllToAllStage(AllToAllStage::kQuantize, bm);

@@ -17,6 +17,11 @@ void Shares(const StepPlan& plan, int q, int e, int64_t* home, int64_t* host) {
 
 }  // namespace
 
+bool GpuStepTables::merged_tails() const {
+  return std::any_of(blocks.begin(), blocks.end(),
+                     [](const kernels::RingBlock& b) { return b.tail_rows > 0; });
+}
+
 int64_t RowsComputedBy(const StepPlan& plan, int rank) {
   int64_t rows = 0;
   for (int e = 0; e < plan.num_experts; ++e) {

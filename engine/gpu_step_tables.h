@@ -28,6 +28,8 @@ struct GpuStepTables {
   std::vector<int64_t> send_count, send_start, recv_count, recv_start;
   int64_t sent() const { return send_start.back() + send_count.back(); }
   int64_t received() const { return recv_start.back() + recv_count.back(); }
+  // Whether a block carries a merged tail (RingBlock::tail_rows > 0).
+  bool merged_tails() const;
 };
 
 // Routed rows `rank` computes in the step (its home shares and host shares).

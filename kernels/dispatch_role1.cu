@@ -26,15 +26,14 @@ namespace gcmoe::kernels {
 namespace {
 
 constexpr int kWarps = kRoleThreads / 32;
-constexpr int kRouteBatch = 8;  // groups of 32 assignments a warp ranks per round (phase A)
-constexpr int kPullBatch = 4;   // 32-value blocks a thread converts per round (phase C)
+constexpr int kRouteBatch = 16;  // groups of 32 assignments a warp ranks per round (phase A)
+constexpr int kPullBatch = 4;    // 32-value blocks a thread converts per round (phase C)
 
 __global__ void __launch_bounds__(kRoleThreads)
     DispatchRole1Kernel(const __grid_constant__ LayerParams p) {
-  extern __shared__ int32_t s_ids[];  // [T * k] this rank's routing
-  __shared__ int s_go;                // phase B's outcome
-  __shared__ int s_pull_go;           // each pulled block's slot wait (a separate word: threads may
-                                      // still read s_go when thread 0 starts the first slot wait)
+  __shared__ int s_go;       // phase B's outcome
+  __shared__ int s_pull_go;  // each pulled block's slot wait (a separate word: threads may
+                             // still read s_go when thread 0 starts the first slot wait)
   __shared__ uint4 s_rows[kBlockSizes[kNumBlockSizes - 1]];  // a piece's receive entries
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -59,30 +58,30 @@ __global__ void __launch_bounds__(kRoleThreads)
     QuantizeBlock(p.hidden_in, p.hidden_scales_in, hdr.in_dtype, H, i / row_blocks, i % row_blocks,
                   p.x_q, p.x_s, p.x_bf, p.act_bf16);
   }
-  // A. Route: receive entries at the computing rank.
+  // A. Route: receive entries at the computing rank. A warp per expert (spread over the CTAs,
+  // one per SM first) scans every assignment, kRouteBatch groups of 32 per round with their ids
+  // and weights loaded at once: staging the ids in shared memory first, and a weight loaded per
+  // group with a hit, made each a dependent L2 round trip (role1 took 50-66 us at GLM-5.2
+  // T = 256, H200, 2026-12-02).
   const int assignments = T * k;
-  for (int i = threadIdx.x; i < assignments; i += blockDim.x) s_ids[i] = p.topk_ids[i];
-  __syncthreads();
-  // A warp ranks kRouteBatch groups of 32 assignments per round, their routing weights loaded
-  // first: a weight loaded per group, stored with its receive entry, made every group with a hit
-  // wait one L2 round trip (64 at GLM-5.2 T = 256).
-  for (int e = blockIdx.x * kWarps + warp; e < p.dims.num_experts; e += gridDim.x * kWarps) {
+  for (int e = warp * gridDim.x + blockIdx.x; e < p.dims.num_experts; e += gridDim.x * kWarps) {
     const ExpertRoute route = p.routes[e];
     int seen = 0;
     for (int a0 = 0; a0 < assignments; a0 += 32 * kRouteBatch) {
-      bool hit[kRouteBatch];
+      int32_t id[kRouteBatch];
       float weight[kRouteBatch];
 #pragma unroll
       for (int u = 0; u < kRouteBatch; ++u) {
         const int a = a0 + 32 * u + lane;
-        hit[u] = a < assignments && s_ids[a] == e;
-        weight[u] = hit[u] ? p.topk_weights[a] : 0.0f;
+        id[u] = a < assignments ? __ldg(&p.topk_ids[a]) : -1;
+        weight[u] = a < assignments ? __ldg(&p.topk_weights[a]) : 0.0f;
       }
 #pragma unroll
       for (int u = 0; u < kRouteBatch; ++u) {
         const int a = a0 + 32 * u + lane;
-        const uint32_t mask = __ballot_sync(0xFFFFFFFFu, hit[u]);
-        if (hit[u]) {
+        const bool hit = id[u] == e;
+        const uint32_t mask = __ballot_sync(0xFFFFFFFFu, hit);
+        if (hit) {
           const int position = route.src_offset + seen + __popc(mask & ((1u << lane) - 1u));
           const bool at_home = position < route.home_tokens;
           const int target = at_home ? route.home_rank : route.host_rank;
@@ -208,20 +207,13 @@ __global__ void __launch_bounds__(kRoleThreads)
 
 }  // namespace
 
-size_t Role1SmemBytes(const LayerDims& dims) {
-  return static_cast<size_t>(dims.capacity) * dims.top_k * sizeof(int32_t);
-}
-
-cudaError_t LoadDispatchRole1Kernel(const LayerDims& dims) {
+cudaError_t LoadDispatchRole1Kernel() {
   cudaFuncAttributes attributes;
-  cudaError_t err = cudaFuncGetAttributes(&attributes, DispatchRole1Kernel);
-  if (err != cudaSuccess) return err;
-  return cudaFuncSetAttribute(DispatchRole1Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(Role1SmemBytes(dims)));
+  return cudaFuncGetAttributes(&attributes, DispatchRole1Kernel);
 }
 
 cudaError_t LaunchDispatchRole1(const LayerParams& params, int grid, cudaStream_t stream) {
-  DispatchRole1Kernel<<<grid, kRoleThreads, Role1SmemBytes(params.dims), stream>>>(params);
+  DispatchRole1Kernel<<<grid, kRoleThreads, 0, stream>>>(params);
   return cudaGetLastError();
 }
 

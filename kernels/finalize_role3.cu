@@ -158,6 +158,15 @@ cudaError_t LoadFinalizeRole3Kernel() {
   return cudaFuncGetAttributes(&attributes, FinalizeRole3Kernel);
 }
 
+cudaError_t Role3CtasPerSm(int* ctas) {
+  int resident = 0;
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &resident, FinalizeRole3Kernel, kRoleThreads, 0);
+  if (err != cudaSuccess) return err;
+  *ctas = resident < 1 ? 1 : resident < kRole3CtasPerSm ? resident : kRole3CtasPerSm;
+  return cudaSuccess;
+}
+
 cudaError_t LaunchFinalizeRole3(const LayerParams& params, int grid, cudaStream_t stream) {
   FinalizeRole3Kernel<<<grid, kRoleThreads, 0, stream>>>(params);
   return cudaGetLastError();

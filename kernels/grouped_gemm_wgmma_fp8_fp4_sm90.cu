@@ -84,8 +84,9 @@ __device__ __forceinline__ bool WaitFlagInline(const WaitEnv& env, const uint32_
 
 // kWide: for GroupedGemmWgmmaBf16Kernel, whose stages hold the token rows first, as K-major
 // swizzled K halves [K half][token][128 bytes] (bf16_wgmma_sm90.cuh); kShared: its instance for
-// layers with the shared expert (WideTokenRows).
-template <int BM, GemmKernel kKernel, bool kWide = false, bool kShared = false>
+// layers with the shared expert (WideTokenRows); kMerge: its instance that runs merged tails
+// (RingBlock::tail_rows; without kMerge the marking is ignored and every block runs alone).
+template <int BM, GemmKernel kKernel, bool kWide = false, bool kShared = false, bool kMerge = false>
 __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
                          Barriers& bars) {
   constexpr bool kBf16 = kKernel == GemmKernel::kStreamBf16;
@@ -161,7 +162,8 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
   // block's tasks compute its rows, so it is claimed and dropped. Only the layout of stages
   // without the shared expert has room for a tail (WideTokenRows). The kept task is decoded again
   // below: carrying the decoded task out of this loop cost the kernel 4-8 more spill bytes.
-  constexpr bool merging = kWide && !kShared;
+  constexpr bool merging = kWide && kMerge;
+  static_assert(!merging || !kShared);
   auto merged_tail = [&](int task) {
     if (!merging || task < tasks.end_shared_w1) return false;
     const Role2Task t = tasks.Decode(task);
@@ -550,7 +552,7 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
 // ---- the bf16-wgmma kernel (BM 64: bf16_wgmma_sm90.cuh) --------------------------------------
 
 // Warpgroup `group` (threads 128 group ..) of the consumers: tile `group` of every task.
-template <bool kShared>
+template <bool kShared, bool kMerge>
 __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int stages,
                               int stage_bytes, Barriers& bars) {
   const int group = threadIdx.x / kConsumerThreads;
@@ -566,10 +568,10 @@ __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int sta
     const uint64_t start_ns = p.task_trace != nullptr ? GlobalTimerNs() : 0;
     uint16_t* red_tile =
         d.kind == kRoutedW1 || d.kind == kRoutedW2
-            ? RunWideTask<true, !kShared>(d, stage_base, stages, stage_bytes, a_tile_region, bars,
-                                          mbar_timeout, env, ring, group, token_half_bytes)
-            : RunWideTask<false, !kShared>(d, stage_base, stages, stage_bytes, a_tile_region, bars,
-                                           mbar_timeout, env, ring, group, token_half_bytes);
+            ? RunWideTask<true, kMerge>(d, stage_base, stages, stage_bytes, a_tile_region, bars,
+                                        mbar_timeout, env, ring, group, token_half_bytes)
+            : RunWideTask<false, kMerge>(d, stage_base, stages, stage_bytes, a_tile_region, bars,
+                                         mbar_timeout, env, ring, group, token_half_bytes);
     const int held = ring.stage == 0 ? stages - 1 : ring.stage - 1;  // the stage red is over
     NamedBarrier(barrier, kConsumerThreads);                         // red complete
     TaskEpilogues<kWideBm, 1, true>(p, d, red_tile, kWideRedPitch, group);
@@ -583,8 +585,10 @@ __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int sta
 }
 
 // One instance per stage layout: with or without the shared expert (WideTokenRows), so that the
-// token rows' extent is a constant of the K loop (as a runtime value it cost 1-2 %).
-template <bool kShared>
+// token rows' extent is a constant of the K loop (as a runtime value it cost 1-2 %). Without the
+// shared expert also one without merged tails (kMerge), for steps that have none: the N = 80
+// path's registers cost the other loops 0.5-2.7 % (docs/PERFORMANCE.md, session 13).
+template <bool kShared, bool kMerge>
 __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
     GroupedGemmWgmmaBf16Kernel(const __grid_constant__ LayerParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -614,9 +618,10 @@ __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
   }
   __syncthreads();
   if (threadIdx.x >= kWideConsumers) {
-    Producer<kWideBm, GemmKernel::kStreamBf16, true, kShared>(p, smem, stages, stage_bytes, bars);
+    Producer<kWideBm, GemmKernel::kStreamBf16, true, kShared, kMerge>(p, smem, stages, stage_bytes,
+                                                                      bars);
   } else {
-    WideConsumers<kShared>(p, smem, stages, stage_bytes, bars);
+    WideConsumers<kShared, kMerge>(p, smem, stages, stage_bytes, bars);
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // as GroupedGemmStreamKernel
 }
@@ -686,8 +691,9 @@ StreamKernel KernelFor(int bm) {
 constexpr GemmKernel kStreamKernels[] = {GemmKernel::kStreamMma, GemmKernel::kStreamWgmma,
                                          GemmKernel::kStreamBf16, GemmKernel::kWgmmaBf16};
 
-// has_shared: the layer has the shared expert (the bf16-wgmma kernel has an instance for each).
-StreamKernel KernelFor(GemmKernel kernel, int bm, bool has_shared) {
+// has_shared: the layer has the shared expert (the bf16-wgmma kernel has an instance for each);
+// merge_tails: the bf16-wgmma kernel's instance that runs merged tails (without the shared expert).
+StreamKernel KernelFor(GemmKernel kernel, int bm, bool has_shared, bool merge_tails) {
   switch (kernel) {
     case GemmKernel::kStreamMma:
       return KernelFor<GemmKernel::kStreamMma>(bm);
@@ -697,7 +703,9 @@ StreamKernel KernelFor(GemmKernel kernel, int bm, bool has_shared) {
       return KernelFor<GemmKernel::kStreamBf16>(bm);
     case GemmKernel::kWgmmaBf16:
       if (bm != kWideBm) return KernelFor<GemmKernel::kStreamBf16>(bm);
-      return has_shared ? GroupedGemmWgmmaBf16Kernel<true> : GroupedGemmWgmmaBf16Kernel<false>;
+      if (has_shared) return GroupedGemmWgmmaBf16Kernel<true, false>;
+      return merge_tails ? GroupedGemmWgmmaBf16Kernel<false, true>
+                         : GroupedGemmWgmmaBf16Kernel<false, false>;
     default:
       return nullptr;
   }
@@ -708,8 +716,8 @@ StreamKernel KernelFor(GemmKernel kernel, int bm, bool has_shared) {
 cudaError_t LoadStreamGemmKernels() {
   for (int bm : kBlockSizes) {
     for (GemmKernel which : kStreamKernels) {
-      for (bool has_shared : {false, true}) {
-        const StreamKernel kernel = KernelFor(which, bm, has_shared);
+      for (int variant = 0; variant < 4; ++variant) {
+        const StreamKernel kernel = KernelFor(which, bm, variant & 1, variant & 2);
         cudaFuncAttributes attributes;
         cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
         if (err == cudaSuccess) {
@@ -731,7 +739,7 @@ cudaError_t LoadStreamGemmKernels() {
 
 cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel which, int bm, Role2Shape* shape) {
   const bool has_shared = dims.shared_intermediate > 0;
-  const StreamKernel kernel = KernelFor(which, bm, has_shared);
+  const StreamKernel kernel = KernelFor(which, bm, has_shared, true);
   if (kernel == nullptr) return cudaErrorInvalidValue;
   const bool wide = which == GemmKernel::kWgmmaBf16 && bm == kWideBm;
   // Below BM 64 `bf16-wgmma` runs the bf16 kernels.
@@ -755,8 +763,9 @@ cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel which, int bm, Rol
 
 cudaError_t LaunchStreamGemmRole2(const LayerParams& params, GemmKernel which,
                                   const Role2Shape& shape, int grid, cudaStream_t stream,
-                                  bool early) {
-  const StreamKernel kernel = KernelFor(which, params.bm, params.dims.shared_intermediate > 0);
+                                  bool early, bool merge_tails) {
+  const StreamKernel kernel =
+      KernelFor(which, params.bm, params.dims.shared_intermediate > 0, merge_tails);
   if (kernel == nullptr || params.r2_stages != shape.stages) return cudaErrorInvalidValue;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(grid));

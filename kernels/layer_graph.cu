@@ -59,13 +59,13 @@ cudaError_t Role2ShapeFor(GemmKernel kernel, const LayerDims& dims, int block_ro
 
 cudaError_t LaunchGroupedGemmRole2(GemmKernel kernel, const LayerParams& params,
                                    const Role2Shape& shape, int grid, cudaStream_t stream,
-                                   bool early) {
+                                   bool early, bool merge_tails) {
   if (kernel == GemmKernel::kMmaSync) return LaunchMmaSyncGemmRole2(params, grid, stream);
-  return LaunchStreamGemmRole2(params, kernel, shape, grid, stream, early);
+  return LaunchStreamGemmRole2(params, kernel, shape, grid, stream, early, merge_tails);
 }
 
-cudaError_t LoadLayerKernels(const LayerDims& dims) {
-  cudaError_t err = LoadDispatchRole1Kernel(dims);
+cudaError_t LoadLayerKernels() {
+  cudaError_t err = LoadDispatchRole1Kernel();
   if (err == cudaSuccess) err = LoadGroupedGemmKernels();
   if (err == cudaSuccess) err = LoadStreamGemmKernels();
   if (err == cudaSuccess) err = LoadFinalizeRole3Kernel();
@@ -110,7 +110,7 @@ cudaError_t LayerGraph::Create(const LayerGraphOptions& options, std::unique_ptr
   graph->sequential_ = options.sequential || !graph->pair_->green;
   // Every role kernel is loaded (and its shared memory configured) before anything is captured
   // or can spin.
-  if ((err = LoadLayerKernels(d)) != cudaSuccess) {
+  if ((err = LoadLayerKernels()) != cudaSuccess) {
     *error = CudaMessage("loading the layer kernels", err);
     return err;
   }
@@ -119,7 +119,14 @@ cudaError_t LayerGraph::Create(const LayerGraphOptions& options, std::unique_ptr
   graph->role1_grid_ = graph->pair_->green      ? graph->pair_->dispatch_sms
                        : options.role1_grid > 0 ? std::min(options.role1_grid, total_sms)
                                                 : total_sms;
-  graph->role3_grid_ = graph->pair_->compute_sms;
+  // More than one role3 CTA per SM: its reduction waits on L2 round trips, and at one CTA
+  // (8 warps) per SM took 21 us at GLM-5.2 T = 256 (H200, 2026-12-02).
+  int role3_per_sm = 1;
+  if ((err = Role3CtasPerSm(&role3_per_sm)) != cudaSuccess) {
+    *error = CudaMessage("sizing role3", err);
+    return err;
+  }
+  graph->role3_grid_ = graph->pair_->compute_sms * role3_per_sm;
   for (int i = 0; i < kNumBlockSizes; ++i) {
     const int bm = kBlockSizes[i];
     Role2Shape& shape = graph->role2_shape_[i];
@@ -158,6 +165,8 @@ cudaError_t LayerGraph::Create(const LayerGraphOptions& options, std::unique_ptr
   // real step depends on it.
   for (int i = 0; i < kNumBlockSizes && err == cudaSuccess; ++i)
     err = graph->Replay(kBlockSizes[i]);
+  if (err == cudaSuccess && graph->execs_[kTaillessGraph] != nullptr)
+    err = graph->Replay(kWgmmaBf16Bm, false);
   if (err == cudaSuccess) err = cudaStreamSynchronize(graph->stream());
   if (err != cudaSuccess) {
     const std::string timeout = graph->TimeoutDiagnostic();
@@ -399,12 +408,18 @@ cudaError_t LayerGraph::LaunchLocalRole3(int bm) {
 
 cudaError_t LayerGraph::CaptureAll() {
   cudaError_t err = cudaSuccess;
-  for (int i = 0; i < kNumBlockSizes && err == cudaSuccess; ++i) err = Capture(i);
+  for (int i = 0; i < kNumBlockSizes && err == cudaSuccess; ++i) err = Capture(i, true);
+  // The bf16-wgmma kernel without merged tails, for BM 64 steps that have none (Replay). Only
+  // without the shared expert: with it the kernel merges no tails at all.
+  if (err == cudaSuccess && options_.gemm == GemmKernel::kWgmmaBf16 &&
+      options_.dims.shared_intermediate == 0) {
+    err = Capture(BlockSizeIndex(kWgmmaBf16Bm), false);
+  }
   return err;
 }
 
 void LayerGraph::DestroyGraphs() {
-  for (int i = 0; i < kNumBlockSizes; ++i) {
+  for (int i = 0; i < kNumGraphs; ++i) {
     if (execs_[i] != nullptr) cudaGraphExecDestroy(execs_[i]);
     if (graphs_[i] != nullptr) cudaGraphDestroy(graphs_[i]);
     execs_[i] = nullptr;
@@ -412,7 +427,7 @@ void LayerGraph::DestroyGraphs() {
   }
 }
 
-cudaError_t LayerGraph::Capture(int bm_index) {
+cudaError_t LayerGraph::Capture(int bm_index, bool merge_tails) {
   const LayerParams params = Params(bm_index);
   const int bm = kBlockSizes[bm_index];
   cudaStream_t compute = pair_->compute_stream;
@@ -431,7 +446,7 @@ cudaError_t LayerGraph::Capture(int bm_index) {
     launch = LaunchDispatchRole1(params, role1_grid_, compute);
     if (launch == cudaSuccess)
       launch = LaunchGroupedGemmRole2(options_.gemm, params, role2_shape_[bm_index], role2_grid(bm),
-                                      compute, early);
+                                      compute, early, merge_tails);
   } else {
     // Fork: the dispatch stream joins the capture with no dependency, so role1 and role2 are
     // both roots of the graph.
@@ -440,7 +455,7 @@ cudaError_t LayerGraph::Capture(int bm_index) {
     if (launch == cudaSuccess) launch = LaunchDispatchRole1(params, role1_grid_, dispatch);
     if (launch == cudaSuccess)
       launch = LaunchGroupedGemmRole2(options_.gemm, params, role2_shape_[bm_index], role2_grid(bm),
-                                      compute);
+                                      compute, false, merge_tails);
     if (launch == cudaSuccess) launch = cudaEventRecord(join_, dispatch);
     if (launch == cudaSuccess) launch = cudaStreamWaitEvent(compute, join_, 0);
   }
@@ -452,13 +467,17 @@ cudaError_t LayerGraph::Capture(int bm_index) {
     return launch;
   }
   if (err != cudaSuccess) return err;
-  graphs_[bm_index] = graph;
-  return cudaGraphInstantiate(&execs_[bm_index], graph, 0);
+  const int slot = merge_tails ? bm_index : kTaillessGraph;
+  graphs_[slot] = graph;
+  return cudaGraphInstantiate(&execs_[slot], graph, 0);
 }
 
-cudaError_t LayerGraph::Replay(int bm) {
-  const int index = BlockSizeIndex(bm);
+cudaError_t LayerGraph::Replay(int bm, bool merged_tails) {
+  int index = BlockSizeIndex(bm);
   if (index < 0) return cudaErrorInvalidValue;
+  if (!merged_tails && bm == kWgmmaBf16Bm && execs_[kTaillessGraph] != nullptr) {
+    index = kTaillessGraph;
+  }
   return cudaGraphLaunch(execs_[index], pair_->compute_stream);
 }
 

@@ -9,7 +9,8 @@
 // role3 depends on both. Sizes (tokens, blocks, the layer's weights) are read on the device
 // from the step tables, so a graph serves every step up to the capacity; graphs differ only
 // in the GEMM's block size BM (8, 16, 32, 64 tokens), picked per step from the expected tokens
-// per expert. Replays need no host-side reset: role3 restores every signal.
+// per expert (and at BM 64 in whether role2 runs merged tails: Replay). Replays need no
+// host-side reset: role3 restores every signal.
 //
 // P ranks: the buffers peers read or write (quantized activations, receive index, combine
 // buffer, signals) live in one allocation, the exchange region, at offsets that depend only on
@@ -91,8 +92,11 @@ class LayerGraph {
   float* topk_weights() const { return topk_weights_; }
   const void* output() const { return out_; }  // [capacity, H] x 4 bytes
 
-  // One replay of the graph for block size bm (8, 16, 32 or 64) on stream().
-  cudaError_t Replay(int bm);
+  // One replay of the graph for block size bm (8, 16, 32 or 64) on stream(). merged_tails: the
+  // step's blocks may carry merged tails (RingBlock::tail_rows > 0). A BM 64 step without them
+  // runs the bf16-wgmma kernel's instance without the merged tails' N = 80 path, which leaves
+  // its other loops more registers (0.5-2.7 % at steps without tails, docs/PERFORMANCE.md).
+  cudaError_t Replay(int bm, bool merged_tails = true);
 
   // The exchange region (cudaMalloc'd, so CUDA IPC can export it).
   void* exchange_base() const { return exchange_; }
@@ -134,7 +138,9 @@ class LayerGraph {
   LayerGraph() = default;
   cudaError_t Allocate();
   cudaError_t CaptureAll();
-  cudaError_t Capture(int bm_index);
+  // merge_tails: role2's instance that runs merged tails (into graph bm_index), or the one
+  // without (into kTaillessGraph).
+  cudaError_t Capture(int bm_index, bool merge_tails);
   void DestroyGraphs();
   LayerParams Params(int bm_index) const;
   // The baseline's parameters: every peer entry names this rank's buffers, except combine[q]
@@ -193,8 +199,12 @@ class LayerGraph {
   uint16_t* a2a_ret_recv_ = nullptr;
   uint16_t* a2a_staging_ = nullptr;  // [P, capacity, k + 1, H]
 
-  cudaGraph_t graphs_[kNumBlockSizes] = {};
-  cudaGraphExec_t execs_[kNumBlockSizes] = {};
+  // One graph per block size, and one more: BM 64 without merged tails (the bf16-wgmma kernel,
+  // without the shared expert; CaptureAll).
+  static constexpr int kTaillessGraph = kNumBlockSizes;
+  static constexpr int kNumGraphs = kNumBlockSizes + 1;
+  cudaGraph_t graphs_[kNumGraphs] = {};
+  cudaGraphExec_t execs_[kNumGraphs] = {};
   cudaEvent_t fork_ = nullptr;
   cudaEvent_t join_ = nullptr;
 };

@@ -15,16 +15,13 @@ namespace gcmoe::kernels {
 // Loads every role kernel (each grouped-GEMM instantiation included) and sets its shared-memory
 // limit. A kernel that spins on another kernel deadlocks if that kernel's module is still to be
 // loaded lazily, so this runs before the first capture or launch.
-cudaError_t LoadLayerKernels(const LayerDims& dims);
+cudaError_t LoadLayerKernels();
 // The per-file parts of LoadLayerKernels.
-cudaError_t LoadDispatchRole1Kernel(const LayerDims& dims);
+cudaError_t LoadDispatchRole1Kernel();
 cudaError_t LoadGroupedGemmKernels();  // the mma.sync stepping stone
 cudaError_t LoadStreamGemmKernels();   // the warp-specialized kernels
 cudaError_t LoadFinalizeRole3Kernel();
 cudaError_t LoadAllToAllKernels();
-
-// Dynamic shared memory of role1.
-size_t Role1SmemBytes(const LayerDims& dims);
 
 // Which role2 kernel a layer graph runs.
 enum class GemmKernel : int {
@@ -103,10 +100,12 @@ cudaError_t LaunchMmaSyncGemmRole2(const LayerParams& params, int grid, cudaStre
 cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel kernel, int block_rows,
                             Role2Shape* shape);
 // early: programmatic dependent launch behind the kernel before it in `stream` (role1): the
-// grid may start once role1 triggers it, and ends only after role1 has.
+// grid may start once role1 triggers it, and ends only after role1 has. merge_tails: the
+// bf16-wgmma kernel's instance that runs merged tails (RingBlock::tail_rows); the other ignores
+// the marking, so it serves steps without tails, faster (LayerGraph::Replay).
 cudaError_t LaunchStreamGemmRole2(const LayerParams& params, GemmKernel kernel,
                                   const Role2Shape& shape, int grid, cudaStream_t stream,
-                                  bool early = false);
+                                  bool early = false, bool merge_tails = true);
 
 // role1: quantize this rank's tokens, route every assignment into its computing rank's receive
 // index, barrier (grid, then cross-rank tag 1), pull ring blocks and release their full counters.
@@ -115,9 +114,13 @@ cudaError_t LaunchDispatchRole1(const LayerParams& params, int grid, cudaStream_
 // streaming kernels launch behind role1 programmatically (LaunchStreamGemmRole2).
 cudaError_t LaunchGroupedGemmRole2(GemmKernel kernel, const LayerParams& params,
                                    const Role2Shape& shape, int grid, cudaStream_t stream,
-                                   bool early = false);
+                                   bool early = false, bool merge_tails = true);
 // role3: combine readiness, slot-order reduction into the output, signal reset, parity flip.
 cudaError_t LaunchFinalizeRole3(const LayerParams& params, int grid, cudaStream_t stream);
+// role3's CTAs per SM: up to kRole3CtasPerSm, as many as are resident at once (every CTA spins
+// on the combine counter that CTA 0 raises, so the whole grid must be resident).
+inline constexpr int kRole3CtasPerSm = 3;
+cudaError_t Role3CtasPerSm(int* ctas);
 
 // The NCCL all-to-all baseline's own kernels (alltoall_exchange.cu), launched eagerly in this
 // order around the engine's NCCL rounds, with role2 and role3 between them.

@@ -100,6 +100,7 @@ TEST(GpuStepTables, RoutingAndPackingAgreeWithTheKernelsOnRandomSteps) {
       for (int r = 0; r < P; ++r) {
         const std::vector<kernels::RingBlock>& blocks = tables[r].blocks;
         std::vector<int> computed(static_cast<size_t>(tables[r].rows), 0);
+        bool any_mergeable = false;  // what merged_tails() must say (it picks role2's graph)
         for (size_t b = 0; b < blocks.size(); ++b) {
           const kernels::RingBlock& block = blocks[b];
           const bool last_of_expert =
@@ -109,6 +110,7 @@ TEST(GpuStepTables, RoutingAndPackingAgreeWithTheKernelsOnRandomSteps) {
           const bool mergeable =
               last_of_expert && after_full && block.rows < bm && block.rows <= max_tail;
           ASSERT_EQ(block.tail_rows == -1, mergeable) << "block " << b << " rows " << block.rows;
+          any_mergeable = any_mergeable || mergeable;
           if (block.tail_rows < 0) continue;
           int rows = block.rows;
           if (block.tail_rows > 0) {
@@ -126,6 +128,7 @@ TEST(GpuStepTables, RoutingAndPackingAgreeWithTheKernelsOnRandomSteps) {
         for (int64_t i = 0; i < tables[r].rows; ++i) {
           ASSERT_EQ(computed[i], 1) << "rank " << r << " row " << i << " max_tail " << max_tail;
         }
+        ASSERT_EQ(tables[r].merged_tails(), any_mergeable) << "rank " << r;
       }
 
       // Role1: every source routes its assignments into the computing ranks' indexes.
