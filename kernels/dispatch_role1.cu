@@ -26,14 +26,18 @@ namespace gcmoe::kernels {
 namespace {
 
 constexpr int kWarps = kRoleThreads / 32;
-constexpr int kRouteBatch = 16;  // groups of 32 assignments a warp ranks per round (phase A)
-constexpr int kPullBatch = 4;    // 32-value blocks a thread converts per round (phase C)
+constexpr int kRouteBatch = 8;  // groups of 32 assignments a warp loads at once (phase A)
+constexpr int kPullBatch = 4;   // 32-value blocks a thread converts per round (phase C)
 
+// Unbounded registers (114): capped at 80 so that role2, launched programmatically behind it,
+// keeps two of its CTAs per SM resident beside role1's instead of one, it spilled 64 bytes and
+// measured 0.989-0.999x of this (H200, 2026-12-02).
 __global__ void __launch_bounds__(kRoleThreads)
     DispatchRole1Kernel(const __grid_constant__ LayerParams p) {
   __shared__ int s_go;       // phase B's outcome
   __shared__ int s_pull_go;  // each pulled block's slot wait (a separate word: threads may
                              // still read s_go when thread 0 starts the first slot wait)
+  __shared__ int s_route_hits[kWarps];                       // phase A: an expert's hits per warp
   __shared__ uint4 s_rows[kBlockSizes[kNumBlockSizes - 1]];  // a piece's receive entries
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -58,27 +62,47 @@ __global__ void __launch_bounds__(kRoleThreads)
     QuantizeBlock(p.hidden_in, p.hidden_scales_in, hdr.in_dtype, H, i / row_blocks, i % row_blocks,
                   p.x_q, p.x_s, p.x_bf, p.act_bf16);
   }
-  // A. Route: receive entries at the computing rank. A warp per expert (spread over the CTAs,
-  // one per SM first) scans every assignment, kRouteBatch groups of 32 per round with their ids
-  // and weights loaded at once: staging the ids in shared memory first, and a weight loaded per
-  // group with a hit, made each a dependent L2 round trip (role1 took 50-66 us at GLM-5.2
-  // T = 256, H200, 2026-12-02).
+  // A. Route: receive entries at the computing rank. A CTA per expert: its warps split the
+  // assignments into kWarps runs of 32-assignment groups, count their run's hits, then number
+  // them after the earlier runs' counts, so that the numbering is the expert's assignment order
+  // (the plan's) while each warp ranks a kWarps-th of the groups. (A warp per expert ranked
+  // every group in turn, each hit's entry a chain of dependent instructions: 64 groups took
+  // about 25 us at GLM-5.2 T = 256, H200, 2026-12-02.)
   const int assignments = T * k;
-  for (int e = warp * gridDim.x + blockIdx.x; e < p.dims.num_experts; e += gridDim.x * kWarps) {
-    const ExpertRoute route = p.routes[e];
+  const int groups = (assignments + 31) / 32;
+  const int run = (groups + kWarps - 1) / kWarps;  // groups per warp
+  const int g_begin = min(groups, warp * run);
+  const int g_end = min(groups, g_begin + run);
+  for (int e = blockIdx.x; e < p.dims.num_experts; e += gridDim.x) {
+    int hits = 0;
+    for (int g0 = g_begin; g0 < g_end; g0 += kRouteBatch) {
+      int32_t id[kRouteBatch];
+#pragma unroll
+      for (int u = 0; u < kRouteBatch; ++u) {
+        const int a = (g0 + u) * 32 + lane;
+        id[u] = g0 + u < g_end && a < assignments ? __ldg(&p.topk_ids[a]) : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < kRouteBatch; ++u) hits += __popc(__ballot_sync(0xFFFFFFFFu, id[u] == e));
+    }
+    if (lane == 0) s_route_hits[warp] = hits;
+    __syncthreads();
     int seen = 0;
-    for (int a0 = 0; a0 < assignments; a0 += 32 * kRouteBatch) {
+    for (int w = 0; w < warp; ++w) seen += s_route_hits[w];
+    const ExpertRoute route = p.routes[e];
+    for (int g0 = g_begin; g0 < g_end; g0 += kRouteBatch) {
       int32_t id[kRouteBatch];
       float weight[kRouteBatch];
 #pragma unroll
       for (int u = 0; u < kRouteBatch; ++u) {
-        const int a = a0 + 32 * u + lane;
-        id[u] = a < assignments ? __ldg(&p.topk_ids[a]) : -1;
-        weight[u] = a < assignments ? __ldg(&p.topk_weights[a]) : 0.0f;
+        const int a = (g0 + u) * 32 + lane;
+        const bool valid = g0 + u < g_end && a < assignments;
+        id[u] = valid ? __ldg(&p.topk_ids[a]) : -1;
+        weight[u] = valid ? __ldg(&p.topk_weights[a]) : 0.0f;
       }
 #pragma unroll
       for (int u = 0; u < kRouteBatch; ++u) {
-        const int a = a0 + 32 * u + lane;
+        const int a = (g0 + u) * 32 + lane;
         const bool hit = id[u] == e;
         const uint32_t mask = __ballot_sync(0xFFFFFFFFu, hit);
         if (hit) {
@@ -92,6 +116,7 @@ __global__ void __launch_bounds__(kRoleThreads)
         seen += __popc(mask);
       }
     }
+    __syncthreads();  // s_route_hits is the next expert's
   }
 
   // B. Barriers. Thread 0's fence orders the whole CTA's stores (after bar.sync) before its
@@ -143,34 +168,60 @@ __global__ void __launch_bounds__(kRoleThreads)
     }
     __syncthreads();
     if (p.act_bf16) {
-      // The bf16 role2's BF16 rows: one thread per (row, 32-value block), kPullBatch of them
-      // with their loads in flight at once.
-      const int items = rows * scale_bytes;
-      for (int i0 = threadIdx.x; i0 < items; i0 += kPullBatch * blockDim.x) {
-        uint4 lo[kPullBatch], hi[kPullBatch];
-        uint32_t scale_word[kPullBatch];
+      // The bf16 role2's BF16 rows. This rank's own tokens: copies of the rows phase A wrote
+      // (x_bf), 16 bytes per item, kPullBatch items in flight per thread. (Converting each
+      // E4M3 block again, once per routed copy of its token, made the pull issue-bound: role1
+      // took 50 us at GLM-5.2 T = 256, H200, 2026-12-02.)
+      const int chunks = H / 8;  // 16-byte pieces of a BF16 row
+      const int local_items = rows * chunks;
+      uint16_t* ring_rows =
+          reinterpret_cast<uint16_t*>(p.ring) + (static_cast<int64_t>(slot) * p.bm + r0) * H;
+      for (int i0 = threadIdx.x; i0 < local_items; i0 += kPullBatch * blockDim.x) {
+        uint4 v[kPullBatch];
+        bool own[kPullBatch];
 #pragma unroll
         for (int u = 0; u < kPullBatch; ++u) {
           const int i = i0 + u * blockDim.x;
-          if (i >= items) break;
-          const uint4 raw = s_rows[i / scale_bytes];
-          const int token = static_cast<int>(raw.x);
-          const int src = static_cast<int>(raw.z);
-          // Another GPU's activations: fetched afresh (ld.cv), never from a line this GPU cached
-          // in an earlier replay.
-          LoadE4m3Block(p.peers.x_q[src] + static_cast<int64_t>(token) * H,
-                        p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes,
-                        i % scale_bytes, src != p.dims.rank, &lo[u], &hi[u], &scale_word[u]);
+          const uint4 raw = s_rows[min(i, local_items - 1) / chunks];
+          own[u] = i < local_items && static_cast<int>(raw.z) == p.dims.rank;
+          if (own[u]) v[u] = LdCg128(p.x_bf + static_cast<int64_t>(raw.x) * H + (i % chunks) * 8);
         }
 #pragma unroll
         for (int u = 0; u < kPullBatch; ++u) {
           const int i = i0 + u * blockDim.x;
-          if (i >= items) break;
-          const int r = i / scale_bytes;
-          const int blk32 = i % scale_bytes;
-          StoreE4m3BlockAsBf16(lo[u], hi[u], scale_word[u], blk32, p.act_bf16,
-                               reinterpret_cast<uint16_t*>(p.ring) +
-                                   (static_cast<int64_t>(slot) * p.bm + r0 + r) * H);
+          if (own[u]) {
+            *reinterpret_cast<uint4*>(ring_rows + static_cast<int64_t>(i / chunks) * H +
+                                      (i % chunks) * 8) = v[u];
+          }
+        }
+      }
+      // Other ranks' tokens: their E4M3 blocks converted, one thread per (row, 32-value block).
+      const int items = rows * scale_bytes;
+      for (int i0 = threadIdx.x; i0 < items; i0 += kPullBatch * blockDim.x) {
+        uint4 lo[kPullBatch], hi[kPullBatch];
+        uint32_t scale_word[kPullBatch];
+        bool remote[kPullBatch];
+#pragma unroll
+        for (int u = 0; u < kPullBatch; ++u) {
+          const int i = i0 + u * blockDim.x;
+          const uint4 raw = s_rows[min(i, items - 1) / scale_bytes];
+          const int token = static_cast<int>(raw.x);
+          const int src = static_cast<int>(raw.z);
+          remote[u] = i < items && src != p.dims.rank;
+          // Fetched afresh (ld.cv), never from a line this GPU cached in an earlier replay.
+          if (remote[u]) {
+            LoadE4m3Block(p.peers.x_q[src] + static_cast<int64_t>(token) * H,
+                          p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes,
+                          i % scale_bytes, true, &lo[u], &hi[u], &scale_word[u]);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kPullBatch; ++u) {
+          const int i = i0 + u * blockDim.x;
+          if (remote[u]) {
+            StoreE4m3BlockAsBf16(lo[u], hi[u], scale_word[u], i % scale_bytes, p.act_bf16,
+                                 ring_rows + static_cast<int64_t>(i / scale_bytes) * H);
+          }
         }
       }
     } else {

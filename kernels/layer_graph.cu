@@ -234,7 +234,7 @@ cudaError_t LayerGraph::Allocate() {
   alloc(&h_q_, static_cast<int64_t>(rows_all_) * I * act_bytes);
   alloc(&h_s_, static_cast<int64_t>(rows_all_) * I / 32 + 16);
   alloc(&hs_q_, cap_rows * Is * act_bytes);
-  if (bf16 && Is > 0) alloc(&x_bf_, cap_rows * H * 2);
+  if (bf16) alloc(&x_bf_, cap_rows * H * 2);
   alloc(&hs_s_, cap_rows * Is / 32 + 16);
   alloc(&out_, cap * H * 4);
   alloc(&act_maps_, 2 * kNumActMaps * static_cast<int64_t>(sizeof(TmaMap)));

@@ -271,8 +271,9 @@ struct LayerParams {
   int32_t r2_tiles_per_task = 1;  // Role2TilesPerTask of the graph's kernel and BM
   // Nonzero with the bf16 role2: ring, h_q and hs_q hold BF16 rows (2 bytes per value, each
   // 32-value block in the K order this value names, kBf16MmaOrder or kBf16WgmmaOrder:
-  // bf16_operands.h, Bf16ActOrder), x_bf the shared expert's input; the scale arrays of those
-  // three stay unused. x_q / x_s (what peers read) stay E4M3.
+  // bf16_operands.h, Bf16ActOrder), and so does x_bf (role1's pull copies this rank's own
+  // tokens' rows from it; the shared expert reads it); the scale arrays of ring, h_q and hs_q
+  // stay unused. x_q / x_s (what peers read) stay E4M3.
   int32_t act_bf16 = 0;
 
   const StepHeader* header;
@@ -286,7 +287,7 @@ struct LayerParams {
   // This rank's buffers (peers reach theirs through `peers`).
   uint8_t* x_q;          // [capacity + 64, H]
   uint8_t* x_s;          // [capacity + 64, H/32]
-  uint16_t* x_bf;        // act_bf16 with a shared expert: [capacity + 64, H] BF16
+  uint16_t* x_bf;        // with act_bf16: [capacity + 64, H] BF16, this rank's tokens
   RowMeta* recv;         // [max_recv_rows]
   uint8_t* ring;         // [R * BM, H]
   uint8_t* ring_scales;  // [R * BM, H/32]
