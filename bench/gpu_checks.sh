@@ -3,7 +3,8 @@
 # ../shared/tools/device-bundle made of build-cuda/gcmoe and build-cuda/tests/kernels/*:
 #
 #   bench/gpu_checks.sh [STAGE...]     stages: sass ctest sanitizer bench peer serve variants
-#                                      ablate ab ncu multi ep race trace (default: the first six)
+#                                      ablate ab ncu roles multi ep race trace (default: the
+#                                      first six)
 #
 # ab times this bundle's gcmoe against another build of it in the same call (AB_BASELINE: its
 # path, e.g. a second binary bundled as gcmoe-base), both slices, the two alternating twice, and
@@ -180,11 +181,13 @@ fi
 # What bounds role2 (ncu, clocks left alone): one role2 launch of the GLM slice at T = 8 and 64
 # (NCU_TOKENS),
 # one context with the roles in sequence (ncu serializes kernels; nothing may spin on a kernel
-# that is not running). The first 4 role2 launches are the graphs' empty warm-up replays.
+# that is not running). The first role2 launches are the graphs' empty warm-up replays, one per
+# captured graph: 5 with the default kernel and no shared expert (4 block sizes, and BM 64
+# without merged tails), else 4 (NCU_SKIP).
 if has ncu; then
   : > "$OUT/ncu.txt"
   for T in ${NCU_TOKENS:-8 64}; do
-    timeout 180 ncu --clock-control none --kernel-name regex:GroupedGemm --launch-skip 4 \
+    timeout 180 ncu --clock-control none --kernel-name regex:GroupedGemm --launch-skip "${NCU_SKIP:-5}" \
       --launch-count 1 --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
       --section MemoryWorkloadAnalysis --section Occupancy \
       "$GCMOE" bench layer --config config/examples/glm-5.2-ep8-rank.json --dispatch-sms 0 \
@@ -193,6 +196,25 @@ if has ncu; then
     { echo "==== ncu T = $T"; cat /tmp/gcmoe-ncu.txt; } >> "$OUT/ncu.txt"
     grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|stalled|L2 Hit|Achieved Occupancy|Theoretical Occupancy|Mem Busy|Max Bandwidth" \
       /tmp/gcmoe-ncu.txt | cut -c1-220 | sed "s/^/T=$T /"
+  done
+fi
+
+# Each role kernel's own time (ncu serializes them; no cache flush, clocks left alone), GLM
+# slice at T = 64 and 256 (ROLES_TOKENS): every launch's duration, role by role. The first of
+# each role (one per captured graph) are the empty warm-up replays; then the step and its
+# replays (how session 14 found roles 1 and 3 on the critical path).
+if has roles; then
+  : > "$OUT/roles.txt"
+  for T in ${ROLES_TOKENS:-64 256}; do
+    timeout 180 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+      "$GCMOE" bench layer --config config/examples/glm-5.2-ep8-rank.json --dispatch-sms 0 \
+      --tokens-per-rank "$T" --warmup 1 --replays 2 > /tmp/gcmoe-roles.txt 2>&1
+    note roles $? "T $T"
+    awk -v T="$T" '/DispatchRole1Kernel/ {k = "role1"} /GroupedGemm/ {k = "role2"}
+         /FinalizeRole3Kernel/ {k = "role3"}
+         /gpu__time_duration/ {us[k] = us[k] " " $NF}
+         END { for (r in us) printf "T=%s %s us:%s\n", T, r, us[r] }' /tmp/gcmoe-roles.txt |
+      sort | tee -a "$OUT/roles.txt"
   done
 fi
 
