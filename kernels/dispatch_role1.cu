@@ -27,7 +27,8 @@ namespace {
 
 constexpr int kWarps = kRoleThreads / 32;
 constexpr int kRouteBatch = 8;  // groups of 32 assignments a warp loads at once (phase A)
-constexpr int kPullBatch = 4;   // 32-value blocks a thread converts per round (phase C)
+constexpr int kPullBatch = 4;   // items (16-byte copies, 32-value conversions) a thread has in
+                                // flight per round (phase C)
 
 // Unbounded registers (114): capped at 80 so that role2, launched programmatically behind it,
 // keeps two of its CTAs per SM resident beside role1's instead of one, it spilled 64 bytes and
@@ -73,15 +74,22 @@ __global__ void __launch_bounds__(kRoleThreads)
   const int run = (groups + kWarps - 1) / kWarps;  // groups per warp
   const int g_begin = min(groups, warp * run);
   const int g_end = min(groups, g_begin + run);
+  // The lane's expert ids of groups g0.. g0 + kRouteBatch - 1 of the warp's run (-1 past it),
+  // and with `weight` their routing weights, all loads in flight at once.
+  auto load_batch = [&](int g0, int32_t(&id)[kRouteBatch], float* weight) {
+#pragma unroll
+    for (int u = 0; u < kRouteBatch; ++u) {
+      const int a = (g0 + u) * 32 + lane;
+      const bool valid = g0 + u < g_end && a < assignments;
+      id[u] = valid ? __ldg(&p.topk_ids[a]) : -1;
+      if (weight != nullptr) weight[u] = valid ? __ldg(&p.topk_weights[a]) : 0.0f;
+    }
+  };
   for (int e = blockIdx.x; e < p.dims.num_experts; e += gridDim.x) {
     int hits = 0;
     for (int g0 = g_begin; g0 < g_end; g0 += kRouteBatch) {
       int32_t id[kRouteBatch];
-#pragma unroll
-      for (int u = 0; u < kRouteBatch; ++u) {
-        const int a = (g0 + u) * 32 + lane;
-        id[u] = g0 + u < g_end && a < assignments ? __ldg(&p.topk_ids[a]) : -1;
-      }
+      load_batch(g0, id, nullptr);
 #pragma unroll
       for (int u = 0; u < kRouteBatch; ++u) hits += __popc(__ballot_sync(0xFFFFFFFFu, id[u] == e));
     }
@@ -93,13 +101,8 @@ __global__ void __launch_bounds__(kRoleThreads)
     for (int g0 = g_begin; g0 < g_end; g0 += kRouteBatch) {
       int32_t id[kRouteBatch];
       float weight[kRouteBatch];
-#pragma unroll
-      for (int u = 0; u < kRouteBatch; ++u) {
-        const int a = (g0 + u) * 32 + lane;
-        const bool valid = g0 + u < g_end && a < assignments;
-        id[u] = valid ? __ldg(&p.topk_ids[a]) : -1;
-        weight[u] = valid ? __ldg(&p.topk_weights[a]) : 0.0f;
-      }
+      // The ids again (L1 hits): a run of any length cannot stay in registers between passes.
+      load_batch(g0, id, weight);
 #pragma unroll
       for (int u = 0; u < kRouteBatch; ++u) {
         const int a = (g0 + u) * 32 + lane;
