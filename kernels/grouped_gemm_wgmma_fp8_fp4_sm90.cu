@@ -52,7 +52,11 @@
 #include "kernels/weight_tiles_sm90.h"
 
 static_assert(gcmoe::kernels::stream_role2::kWideBm % gcmoe::kernels::kTmaWideRows == 0 &&
-              gcmoe::kernels::stream_role2::kWideN % gcmoe::kernels::kTmaWideRows == 0);
+              gcmoe::kernels::stream_role2::kWideN % gcmoe::kernels::kTmaWideRows == 0 &&
+              gcmoe::kernels::stream_role2::kWideBm ==
+                  gcmoe::kernels::kTmaWideHeights * gcmoe::kernels::kTmaWideRows &&
+              gcmoe::kernels::stream_role2::kWideN - gcmoe::kernels::stream_role2::kWideBm <=
+                  gcmoe::kernels::kTmaWideRows);  // a block's boxes, and its tail's one box
 
 namespace gcmoe::kernels {
 namespace {
@@ -99,7 +103,6 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
   // At BM 8 (1-8 rows) a box's latency cost more than the cp.async it saves: 0.92-0.97x at 1-4
   // tokens per rank, against 1.01-1.03x at BM 16-32 (measured, H200, 2026-12-02).
   constexpr bool kTmaB = kBf16 && (kWide || BM >= 16);
-  const TmaMap* maps = p.act_maps + (kWide ? kNumActMaps : 0);
   constexpr int kTiles = Role2TilesPerTask(kKernel, BM);
   const int lane = threadIdx.x & 31;
   const StepHeader& hdr = *p.header;
@@ -182,7 +185,11 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
     const uint8_t* act_scales = nullptr;
     int chunk_bytes = 0;
     int64_t tile_bytes = 0;
-    const TmaMap* act_map = nullptr;  // kTmaB: the activations' map, and the block's first row
+    // kTmaB: the activations' matrix and map, and the block's first row. kWide: the map's boxes
+    // cover the head block's valid rows (WideActMap), tail_map's a merged tail's.
+    ActMap act_matrix = kMapRing;
+    const TmaMap* act_map = nullptr;
+    const TmaMap* tail_map = nullptr;
     int act_row = 0;
     int tail_row = 0;  // kWide, merged blocks: the map's row of the tail block's first row
     if (task < tasks.total) {
@@ -229,7 +236,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
                   static_cast<int64_t>(block) * BM * H * kActBytes;
             act_scales = p.x_s + static_cast<int64_t>(block) * BM * (H / 32);
             d.k = H, d.rows = shared_rows;
-            act_map = &maps[kMapXbf], act_row = block * BM;
+            act_matrix = kMapXbf, act_row = block * BM;
             break;
           case kRoutedW1:
             tile_ptr = hdr.w1 + (static_cast<int64_t>(blk.local_slot) * n1 + tile) *
@@ -237,14 +244,14 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
             act = p.ring + static_cast<int64_t>(slot) * BM * H * kActBytes;
             act_scales = p.ring_scales + static_cast<int64_t>(slot) * BM * (H / 32);
             d.k = H, d.rows = blk.rows + tail_rows;
-            act_map = &maps[kMapRing], act_row = slot * BM, tail_row = tail_slot * BM;
+            act_matrix = kMapRing, act_row = slot * BM, tail_row = tail_slot * BM;
             break;
           case kSharedW2:
             tile_ptr = hdr.ws2 + tile * TileBytes(TileFormat::kE4M3, Is);
             act = p.hs_q + static_cast<int64_t>(block) * BM * Is * kActBytes;
             act_scales = p.hs_s + static_cast<int64_t>(block) * BM * (Is / 32);
             d.k = Is, d.rows = shared_rows;
-            act_map = &maps[kMapHs], act_row = block * BM;
+            act_matrix = kMapHs, act_row = block * BM;
             break;
           default:
             tile_ptr = hdr.w2 + (static_cast<int64_t>(blk.local_slot) * n2 + tile) *
@@ -252,10 +259,17 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
             act = p.h_q + static_cast<int64_t>(block) * BM * I * kActBytes;
             act_scales = p.h_s + static_cast<int64_t>(block) * BM * (I / 32);
             d.k = I, d.rows = blk.rows + tail_rows;
-            act_map = &maps[kMapH], act_row = block * BM, tail_row = act_row + BM;
+            act_matrix = kMapH, act_row = block * BM, tail_row = act_row + BM;
             break;
         }
         d.n = MmaWidth(d.rows, BM);
+        if constexpr (kWide) {
+          const int head_groups = (min(d.rows, BM) + kTmaWideRows - 1) / kTmaWideRows;
+          act_map = &p.act_maps[WideActMap(act_matrix, head_groups)];
+          tail_map = &p.act_maps[WideActMap(act_matrix, 1)];
+        } else {
+          act_map = &p.act_maps[K32ActMap(act_matrix, (d.rows + kTmaRowGroup - 1) / kTmaRowGroup)];
+        }
         d.task = task;
         if (hdr.scale_shift != nullptr) {
           const bool routed = kind == kRoutedW1 || kind == kRoutedW2;
@@ -320,15 +334,17 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
       }
       const uint32_t b_st = st + b_offset;
       if constexpr (kWide) {
-        // B [K half][token][128 bytes], 128-byte swizzle: per K half one TMA box per 16-row group
-        // of valid rows (the MMA width covers those groups; bf16_wgmma_sm90.cuh).
+        // B [K half][token][128 bytes], 128-byte swizzle: per K half one TMA box of the block's
+        // 16-row groups of valid rows (the MMA width covers them; bf16_wgmma_sm90.cuh), and one of
+        // a merged tail's rows after BM. (A box per group cost the producer warp, whose issue
+        // latency the 2-stage ring does not hide, up to 10 copies a stage.)
         if (kLoadTokens && lane == 0) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            for (int r = 0; r < wide_groups; ++r) {
-              const int row = r * kTmaWideRows;  // past BM: the merged tail block's rows
-              TmaLoad2D(b_st + h * token_half_bytes + row * 128, act_map, c * kChunkK + h * 64,
-                        row < BM ? act_row + row : tail_row + row - BM, full);
+            TmaLoad2D(b_st + h * token_half_bytes, act_map, c * kChunkK + h * 64, act_row, full);
+            if (d.rows > BM) {
+              TmaLoad2D(b_st + h * token_half_bytes + BM * 128, tail_map, c * kChunkK + h * 64,
+                        tail_row, full);
             }
           }
         }
@@ -345,11 +361,10 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
             CpAsyncCg16(b_st + ((u >> 2) * BM + n) * 64 + (u & 3) * 16,
                         act + (static_cast<int64_t>(n) * d.k + c * kChunkK) * 2 + u * 16);
           }
-        } else if (lane < 4 * row_groups) {
-          // K32 block kb of rows n0..n0+7 is one unswizzled box, lane 4 (n0 / 8) + kb's.
-          const int kb = lane & 3;
-          const int n0 = (lane >> 2) * kTmaRowGroup;
-          TmaLoad2D(b_st + (kb * BM + n0) * 64, act_map, c * kChunkK + kb * 32, act_row + n0, full);
+        } else if (lane < 4) {
+          // K32 block kb of the valid 8-row groups is one unswizzled box, lane kb's (act_map's
+          // height is theirs).
+          TmaLoad2D(b_st + lane * BM * 64, act_map, c * kChunkK + lane * 32, act_row, full);
         }
       } else {
         // B [unit u][row n][16 bytes]: consecutive lanes read one row's 128 contiguous bytes.

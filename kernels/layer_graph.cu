@@ -237,7 +237,7 @@ cudaError_t LayerGraph::Allocate() {
   if (bf16) alloc(&x_bf_, cap_rows * H * 2);
   alloc(&hs_s_, cap_rows * Is / 32 + 16);
   alloc(&out_, cap * H * 4);
-  alloc(&act_maps_, 2 * kNumActMaps * static_cast<int64_t>(sizeof(TmaMap)));
+  alloc(&act_maps_, kNumActMapSets * static_cast<int64_t>(sizeof(TmaMap)));
   if (err == cudaSuccess && bf16) {
     const struct {
       ActMap map;
@@ -247,17 +247,18 @@ cudaError_t LayerGraph::Allocate() {
                 {kMapH, h_q_, rows_all_, I},
                 {kMapXbf, x_bf_, cap_rows, H},
                 {kMapHs, hs_q_, cap_rows, Is}};
-    // The K32 set for the mma.sync kernels; the K64 set only where the bf16-wgmma kernel runs.
+    // The K32 set for the mma.sync kernels; the K64 sets only where the bf16-wgmma kernel runs.
     const bool wide = options_.gemm == GemmKernel::kWgmmaBf16;
-    TmaMap host[2 * kNumActMaps] = {};
+    TmaMap host[kNumActMapSets] = {};
     for (const auto& m : maps) {
       if (m.base == nullptr || m.cols == 0) continue;  // no shared expert
-      if (err == cudaSuccess) {
-        err = EncodeBf16TileMap(m.base, m.rows, m.cols, TmaBox::kK32Rows8, &host[m.map]);
+      for (int g = 1; g <= kTmaK32Heights && err == cudaSuccess; ++g) {
+        err =
+            EncodeBf16TileMap(m.base, m.rows, m.cols, TmaBox::kK32, &host[K32ActMap(m.map, g)], g);
       }
-      if (err == cudaSuccess && wide) {
-        err = EncodeBf16TileMap(m.base, m.rows, m.cols, TmaBox::kK64Rows16Swizzled,
-                                &host[kNumActMaps + m.map]);
+      for (int g = 1; g <= kTmaWideHeights && wide && err == cudaSuccess; ++g) {
+        err = EncodeBf16TileMap(m.base, m.rows, m.cols, TmaBox::kK64Swizzled,
+                                &host[WideActMap(m.map, g)], g);
       }
     }
     if (err == cudaSuccess) err = cudaMemcpy(act_maps_, host, sizeof(host), cudaMemcpyHostToDevice);

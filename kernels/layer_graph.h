@@ -173,7 +173,7 @@ class LayerGraph {
   uint8_t* x_s_ = nullptr;
   RowMeta* recv_ = nullptr;
   uint16_t* x_bf_ = nullptr;    // the bf16 role2's shared-expert input (LayerParams::act_bf16)
-  TmaMap* act_maps_ = nullptr;  // device [2][kNumActMaps] (LayerParams::act_maps)
+  TmaMap* act_maps_ = nullptr;  // device [kNumActMapSets] (LayerParams::act_maps)
   uint8_t* ring_ = nullptr;
   uint8_t* ring_scales_ = nullptr;
   RowMeta* meta_ = nullptr;

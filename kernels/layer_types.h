@@ -313,9 +313,10 @@ struct LayerParams {
   uint8_t* a2a_recv;       // [world * capacity * k] records, grouped by source rank
   uint16_t* a2a_ret_send;  // [world * capacity * k, H] partials of the received records
   uint16_t* a2a_ret_recv;  // [capacity * k, H] partials of the sent records, in send order
-  // The bf16 role2 kernels: device [2][kNumActMaps], ring, h_q, x_bf and hs_q as TMA maps
-  // (tma_map.h), first with K32 boxes of 8 rows (the mma.sync kernels), then with K64 boxes of 16
-  // rows (the bf16-wgmma kernel; zero unless it runs). Written by the host before any launch.
+  // The bf16 role2 kernels: device [kNumActMapSets], ring, h_q, x_bf and hs_q as TMA maps
+  // (tma_map.h): per matrix with K32 boxes of 8, 16, .. 64 rows (the mma.sync kernels,
+  // K32ActMap), then per matrix with K64 boxes of 16, 32, 48 and 64 rows (the bf16-wgmma kernel,
+  // WideActMap; zero unless it runs). Written by the host before any launch.
   // In device memory, not here: 1 KiB more of parameters cost every launch (BM 8 steps 1-4 %
   // slower, measured, H200, 2026-12-02).
   const TmaMap* act_maps;
