@@ -200,12 +200,12 @@ if has ncu; then
 fi
 
 # Each role kernel's own time (ncu serializes them; no cache flush, clocks left alone), GLM
-# slice at T = 64 and 256 (ROLES_TOKENS): every launch's duration, role by role. The first of
+# slice at T = 64, 128 and 256 (ROLES_TOKENS): every launch's duration, role by role. The first of
 # each role (one per captured graph) are the empty warm-up replays; then the step and its
 # replays (how session 14 found roles 1 and 3 on the critical path).
 if has roles; then
   : > "$OUT/roles.txt"
-  for T in ${ROLES_TOKENS:-64 256}; do
+  for T in ${ROLES_TOKENS:-64 128 256}; do
     timeout 180 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum \
       "$GCMOE" bench layer --config config/examples/glm-5.2-ep8-rank.json --dispatch-sms 0 \
       --tokens-per-rank "$T" --warmup 1 --replays 2 > /tmp/gcmoe-roles.txt 2>&1
