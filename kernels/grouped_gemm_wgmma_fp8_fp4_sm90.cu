@@ -387,7 +387,8 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
       if constexpr (kWide) {
         // Nothing more: lane 0's arrive.expect_tx is the stage's one arrival.
       } else if constexpr (kTmaB) {
-        // Every lane after its box (kFullArrivals): the stage is full once the bytes landed.
+        // Every lane, after its box if it has one (kFullArrivals): the stage is full once the
+        // bytes landed.
         MbarArrive(full);
       } else if constexpr (kBf16) {
         // No proxy fence is due (mma.sync reads B with generic loads): each lane's arrival

@@ -9,11 +9,11 @@
 //            the async proxy). At most kLagStages stages wait for that release, and
 //            kLagStages < stages, so the producer's empty wait never waits on itself; before
 //            any other blocking wait it releases everything. The bf16 kernel has no lag: from
-//            BM 16 on its B comes by TMA boxes (tma_map.h) counted in the expect_tx and each lane
-//            arrives right after issuing its box; at BM 8 each lane's arrival is a
-//            cp.async.mbarrier.arrive behind its copies (mma.sync reads B with generic loads, so
-//            no proxy fence is due). The bf16-wgmma kernel's full barrier counts only the
-//            expect_tx arrival (bf16_wgmma_sm90.cuh).
+//            BM 16 on its B comes by TMA boxes (tma_map.h: lanes 0..3, one box per K32 block)
+//            counted in the expect_tx, and each lane arrives once its box, if any, is issued; at
+//            BM 8 each lane's arrival is a cp.async.mbarrier.arrive behind its copies (mma.sync
+//            reads B with generic loads, so no proxy fence is due). The bf16-wgmma kernel's full
+//            barrier counts only the expect_tx arrival (bf16_wgmma_sm90.cuh).
 //   empty[s] count 128: every consumer thread, after the MMAs reading the stage completed
 //            (wgmma: wait_group 0) and a proxy fence behind its own shared loads (the refill's bulk
 //            copy writes through the async proxy); the producer waits on it before refilling.
