@@ -3,7 +3,7 @@
 # ../shared/tools/device-bundle made of build-cuda/gcmoe and build-cuda/tests/kernels/*:
 #
 #   bench/gpu_checks.sh [STAGE...]     stages: sass ctest sanitizer bench peer serve variants
-#                                      ablate ab ncu roles multi ep race trace (default: the
+#                                      ablate ab knobs ncu roles multi ep race trace (default: the
 #                                      first six)
 #
 # ab times this bundle's gcmoe against another build of it in the same call (AB_BASELINE: its
@@ -176,6 +176,35 @@ if has ab; then
        END { for (k in seen) printf "%-30s T %4d  base %9.1f us  this %9.1f us  speedup %.3f\n",
                substr(k, 1, index(k, " ") - 1), substr(k, index(k, " ") + 1), us[k" base"],
                us[k" this"], us[k" base"] / us[k" this"] }' "$OUT/ab.txt" | sort -k1,1 -k3,3n
+fi
+
+# knobs times environment settings of this bundle's gcmoe against each other in the same call:
+# KNOBS holds the variants, separated by '|', each a space-separated list of VAR=value (the first
+# is the reference, e.g. KNOBS="GCMOE_CUDA_PULL_ROWS=0|GCMOE_CUDA_PULL_ROWS=4"); both slices, the
+# variants alternating twice, each T's median of the two rounds' medians and its speedup over the
+# first variant.
+if has knobs; then
+  : > "$OUT/knobs.txt"
+  IFS='|' read -r -a variants <<< "${KNOBS:-}"
+  for slice in glm-5.2-ep8-rank deepseek-v4.1-flash-ep8-rank; do
+    for round in 1 2; do
+      for i in "${!variants[@]}"; do
+        env ${variants[$i]} timeout 150 "$GCMOE" bench layer --config "config/examples/$slice.json" \
+          --tokens-per-rank "$TOKENS" --warmup 10 --replays 100 > /tmp/gcmoe-knobs.txt 2>&1
+        note knobs $? "$slice round $round: ${variants[$i]}"
+        awk -v s="$slice" -v v="$i" '$1 ~ /^[0-9]+$/ && NF == 11 {print s, v, $1, $5}' \
+          /tmp/gcmoe-knobs.txt >> "$OUT/knobs.txt"
+      done
+    done
+  done
+  for i in "${!variants[@]}"; do echo "variant $i: ${variants[$i]}"; done
+  # slice T variant: median of the two rounds, speedup over variant 0.
+  awk '{us[$1" "$3" "$2] += $4 / 2; seen[$1" "$3] = 1; if ($2 > nv) nv = $2}
+       END { for (k in seen) { line = sprintf("%-30s T %4d", substr(k, 1, index(k, " ") - 1),
+                                              substr(k, index(k, " ") + 1));
+               for (v = 0; v <= nv; ++v)
+                 line = line sprintf("  v%d %8.1f us %.3f", v, us[k" "v], us[k" 0"] / us[k" "v]);
+               print line } }' "$OUT/knobs.txt" | sort -k1,1 -k3,3n
 fi
 
 # What bounds role2 (ncu, clocks left alone): one role2 launch of the GLM slice at T = 8 and 64

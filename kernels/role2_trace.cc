@@ -95,6 +95,22 @@ std::string SummarizeRole2Trace(std::span<const TaskTrace> trace) {
                 i + 1, t - trace.data(), kKindNames[t->kind], t->cta, t->sm,
                 Us(t->start_ns, t->done_ns), Us(t0, t->start_ns), Us(t0, t->done_ns));
   }
+  // The tail: when each CTA ran out of tasks, and how much of the CTAs' time (from the first
+  // claim to the last task done) went to running tasks.
+  std::map<uint32_t, uint64_t> cta_done;
+  double run_sum = 0;
+  for (const TaskTrace* t : tasks) {
+    cta_done[t->cta] = std::max(cta_done[t->cta], t->done_ns);
+    run_sum += Us(t->start_ns, t->done_ns);
+  }
+  std::vector<double> last_done;
+  for (const auto& [cta, done] : cta_done) last_done.push_back(Us(t0, done));
+  std::sort(last_done.begin(), last_done.end());
+  out += Line(
+      "  CTAs' last task done: first %.1f, median %.1f, last %.1f us; tasks ran %.1f %% of "
+      "the CTAs' time",
+      last_done.front(), NearestRankPercentile<double>(last_done, 0.5), last_done.back(),
+      100.0 * run_sum / (static_cast<double>(last_done.size()) * Us(t0, end)));
   const auto busiest = std::max_element(
       per_sm.begin(), per_sm.end(),
       [](const auto& a, const auto& b) { return a.second.second < b.second.second; });

@@ -33,6 +33,10 @@ TEST(Role2TraceTest, SummarizesWaitsRunsAndTheSlowestTask) {
   EXPECT_NE(
       s.find("slowest 1: task 1 (routed W1) on CTA 1, SM 6: ran 50.0 us, from 2.5 to 52.5 us"),
       std::string::npos);
+  // CTA 0's last task ends at 69.0 us, CTA 1's at 52.5; 70 us of runs in 2 x 69 us.
+  EXPECT_NE(s.find("CTAs' last task done: first 52.5, median 52.5, last 69.0 us; tasks ran 50.7 % "
+                   "of the CTAs' time"),
+            std::string::npos);
   EXPECT_NE(s.find("busiest SM 6: 1 tasks, 50.0 us"), std::string::npos);
   EXPECT_EQ(s.find("shared W1"), std::string::npos);  // no task of that kind
 }
