@@ -6,9 +6,9 @@
 //      of the rank that computes that position: home copy below the balancer's split, host
 //      copy above it. A warp owns an expert and ranks its assignments with a ballot scan, so
 //      the numbering is stable and equals the plan's on every rank.
-//   B. Grid barrier over role1's CTAs, then the cross-rank tag-1 barrier: every rank adds 1
-//      to every rank's tag1[parity]; a rank goes on once its own counter reaches P. After it,
-//      every receive entry and every source's x_q are complete.
+//   B. Grid barrier over role1's CTAs, then (P > 1) the cross-rank tag-1 barrier: every rank
+//      adds 1 to every rank's tag1[parity]; a rank goes on once its own counter reaches P.
+//      After it, every receive entry and every source's x_q are complete.
 //   C. Pull: block b of the step's block table goes to ring slot b % R as generation b / R,
 //      once role2 has released the slot's previous generation (ring_empty), in PullParts
 //      pieces of its rows, one CTA each; a piece's rows (codes, scales) and metadata are
@@ -29,6 +29,7 @@ constexpr int kWarps = kRoleThreads / 32;
 constexpr int kRouteBatch = 8;  // groups of 32 assignments a warp loads at once (phase A)
 constexpr int kPullBatch = 4;   // items (16-byte copies, 32-value conversions) a thread has in
                                 // flight per round (phase C)
+constexpr int kCopyBatch = 8;   // the same for the copies of this rank's own BF16 rows
 
 // Unbounded registers (114): capped at 80 so that role2, launched programmatically behind it,
 // keeps two of its CTAs per SM resident beside role1's instead of one, it spilled 64 bytes and
@@ -85,7 +86,9 @@ __global__ void __launch_bounds__(kRoleThreads)
       if (weight != nullptr) weight[u] = valid ? __ldg(&p.topk_weights[a]) : 0.0f;
     }
   };
-  for (int e = blockIdx.x; e < p.dims.num_experts; e += gridDim.x) {
+  // The grid's last CTAs take the experts: the quantization's grid-stride loop gives its items
+  // to the first ones.
+  for (int e = gridDim.x - 1 - blockIdx.x; e < p.dims.num_experts; e += gridDim.x) {
     int hits = 0;
     for (int g0 = g_begin; g0 < g_end; g0 += kRouteBatch) {
       int32_t id[kRouteBatch];
@@ -124,19 +127,27 @@ __global__ void __launch_bounds__(kRoleThreads)
 
   // B. Barriers. Thread 0's fence orders the whole CTA's stores (after bar.sync) before its
   // arrival; the system-scope fence covers peer writes of receive entries. Every thread that
-  // wrote another GPU's receive index also waits for its own stores to land there first.
+  // wrote another GPU's receive index also waits for its own stores to land there first. On one
+  // rank nothing here is another GPU's: GPU-scope fences, and the grid barrier alone completes
+  // every receive entry (no tag-1 barrier).
   if (world > 1) __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence_system();
+    if (world > 1) {
+      __threadfence_system();
+    } else {
+      __threadfence();
+    }
     RedAddReleaseGpu(&p.sig->r1_arrive, 1);
     bool ok = WaitAtLeast(env, &p.sig->r1_arrive, gridDim.x, false, kWaitRole1Barrier,
                           static_cast<int>(blockIdx.x));
     if (ok && blockIdx.x == 0) {
       StReleaseGpu(&p.sig->x_ready, 1);  // the shared expert's W1 may read x_q
-      for (int q = 0; q < world; ++q) RedAddReleaseSys(&p.peers.signals[q]->tag1[parity], 1);
+      for (int q = 0; q < world && world > 1; ++q) {
+        RedAddReleaseSys(&p.peers.signals[q]->tag1[parity], 1);
+      }
     }
-    if (ok) {
+    if (ok && world > 1) {
       ok = WaitAtLeast(env, &p.sig->tag1[parity], static_cast<uint32_t>(world), true, kWaitTag1,
                        static_cast<int>(parity));
     }
@@ -172,25 +183,25 @@ __global__ void __launch_bounds__(kRoleThreads)
     __syncthreads();
     if (p.act_bf16) {
       // The bf16 role2's BF16 rows. This rank's own tokens: copies of the rows phase A wrote
-      // (x_bf), 16 bytes per item, kPullBatch items in flight per thread. (Converting each
+      // (x_bf), 16 bytes per item, kCopyBatch items in flight per thread. (Converting each
       // E4M3 block again, once per routed copy of its token, made the pull issue-bound: role1
       // took 50 us at GLM-5.2 T = 256, H200, 2026-12-02.)
       const int chunks = H / 8;  // 16-byte pieces of a BF16 row
       const int local_items = rows * chunks;
       uint16_t* ring_rows =
           reinterpret_cast<uint16_t*>(p.ring) + (static_cast<int64_t>(slot) * p.bm + r0) * H;
-      for (int i0 = threadIdx.x; i0 < local_items; i0 += kPullBatch * blockDim.x) {
-        uint4 v[kPullBatch];
-        bool own[kPullBatch];
+      for (int i0 = threadIdx.x; i0 < local_items; i0 += kCopyBatch * blockDim.x) {
+        uint4 v[kCopyBatch];
+        bool own[kCopyBatch];
 #pragma unroll
-        for (int u = 0; u < kPullBatch; ++u) {
+        for (int u = 0; u < kCopyBatch; ++u) {
           const int i = i0 + u * blockDim.x;
           const uint4 raw = s_rows[min(i, local_items - 1) / chunks];
           own[u] = i < local_items && static_cast<int>(raw.z) == p.dims.rank;
           if (own[u]) v[u] = LdCg128(p.x_bf + static_cast<int64_t>(raw.x) * H + (i % chunks) * 8);
         }
 #pragma unroll
-        for (int u = 0; u < kPullBatch; ++u) {
+        for (int u = 0; u < kCopyBatch; ++u) {
           const int i = i0 + u * blockDim.x;
           if (own[u]) {
             *reinterpret_cast<uint4*>(ring_rows + static_cast<int64_t>(i / chunks) * H +

@@ -1,9 +1,10 @@
 // role3: finalize on the compute partition, after role1 and role2 of the same replay.
 //
-// Combine readiness: CTA 0 adds 1 to every rank's combine_ready[parity] (this rank's role2 is
-// complete, so its partials sit in every source's combine buffer); every CTA then waits for
-// its own counter to reach P. Each token's k slots (unused ones skipped) and the shared slot
-// are reduced in FP32 in slot order into the output (DESIGN.md §4 step 5).
+// Combine readiness (P > 1): CTA 0 adds 1 to every rank's combine_ready[parity] (this rank's
+// role2 is complete, so its partials sit in every source's combine buffer); every CTA then waits
+// for its own counter to reach P. One rank's partials are complete by the graph dependency.
+// Each token's k slots (unused ones skipped) and the shared slot are reduced in FP32 in slot
+// order into the output (DESIGN.md §4 step 5).
 //
 // Checks: before resetting, the last CTA checks role2's bookkeeping of the replay (every task
 // claimed exactly once, every routed block's W1 tiles all counted) and records a broken check
@@ -29,6 +30,7 @@ __global__ void __launch_bounds__(kRoleThreads)
     FinalizeRole3Kernel(const __grid_constant__ LayerParams p) {
   __shared__ int s_go;
   __shared__ int s_last;
+  __shared__ int s_first_bad;  // the lowest block whose W1 tiles did not all count
   const StepHeader& hdr = *p.header;
   const WaitEnv env = MakeWaitEnv(p, 3);
   const int T = hdr.num_tokens;
@@ -37,7 +39,8 @@ __global__ void __launch_bounds__(kRoleThreads)
   const int world = p.dims.world_size;
   const uint32_t parity = p.sig->parity;
 
-  if (threadIdx.x == 0) {
+  // One rank has no peer to wait for: role2's partials are complete (graph dependency).
+  if (threadIdx.x == 0 && world > 1) {
     if (blockIdx.x == 0) {
       __threadfence_system();
       for (int q = 0; q < world; ++q)
@@ -45,6 +48,8 @@ __global__ void __launch_bounds__(kRoleThreads)
     }
     s_go = WaitAtLeast(env, &p.sig->combine_ready[parity], static_cast<uint32_t>(world), true,
                        kWaitCombine, static_cast<int>(parity));
+  } else if (threadIdx.x == 0) {
+    s_go = 1;
   }
   __syncthreads();
 
@@ -107,9 +112,19 @@ __global__ void __launch_bounds__(kRoleThreads)
   }
   __syncthreads();
   if (!s_last) return;
-  // The replay's bookkeeping, before it is reset (role2 has finished: graph dependency).
-  if (threadIdx.x == 0 && !StepAborted(env) && p.diag != nullptr) {
-    const int n1 = p.dims.intermediate / 32;
+  // The replay's bookkeeping, before it is reset (role2 has finished: graph dependency): every
+  // thread checks its share of the blocks' W1 counts at once (a loop of dependent loads by one
+  // thread cost a round trip per block at the end of every step), thread 0 the task claims and
+  // whether the step was aborted (a host-mapped read, meanwhile).
+  const int n1 = p.dims.intermediate / 32;
+  if (threadIdx.x == 0) s_first_bad = hdr.num_blocks;
+  __syncthreads();
+  for (int b = threadIdx.x; b < hdr.num_blocks; b += blockDim.x) {
+    if (p.w1_done[b] != static_cast<uint32_t>(n1)) atomicMin(&s_first_bad, b);
+  }
+  const bool check = threadIdx.x == 0 && p.diag != nullptr && !StepAborted(env);
+  __syncthreads();
+  if (check) {
     const uint32_t tasks = static_cast<uint32_t>(
         Role2TaskCount(p.dims, hdr.num_blocks, hdr.num_shared_blocks, p.r2_tiles_per_task));
     const uint32_t claims = tasks + static_cast<uint32_t>(p.role2_grid);
@@ -117,11 +132,8 @@ __global__ void __launch_bounds__(kRoleThreads)
     uint32_t expected = 0, seen = 0;
     if (p.sig->task_next != claims) {
       broken = kCheckTaskClaims, expected = claims, seen = p.sig->task_next;
-    }
-    for (int b = 0; b < hdr.num_blocks && broken == 0; ++b) {
-      if (p.w1_done[b] != static_cast<uint32_t>(n1)) {
-        broken = kCheckW1Tiles, index = b, expected = n1, seen = p.w1_done[b];
-      }
+    } else if (s_first_bad < hdr.num_blocks) {
+      broken = kCheckW1Tiles, index = s_first_bad, expected = n1, seen = p.w1_done[s_first_bad];
     }
     if (broken != 0 && atomicCAS(&p.diag->broken, 0, broken) == 0) {
       p.diag->broken_index = index;
