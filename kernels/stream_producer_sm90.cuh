@@ -284,31 +284,30 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
       MbarWait(SmemAddr(&bars.empty[s]), fill.phase ^ 1, mbar_timeout, env, kMaxStages + s);
       const uint32_t full = SmemAddr(&bars.full[s]);
       const uint32_t st = SmemAddr(stage_base + static_cast<int64_t>(s) * stage_bytes);
-      if (lane == 0) {
-        // The four stripes' chunk c are adjacent in the tile: one contiguous burst per tile.
-        MbarArriveExpectTx(full, stage_tx);
-#pragma unroll
-        for (int tile = 0; tile < (kLoadWeights ? kTiles : 0); ++tile) {
-          BulkCopyG2S(st + a_offset + tile * a_tile_region,
-                      tile_ptr + tile * tile_bytes + static_cast<int64_t>(c) * 4 * chunk_bytes,
-                      static_cast<uint32_t>(4 * chunk_bytes), full, policy);
-        }
+      // Lane 0 arrives with the stage's bytes first; the copies are each lane's own, issued
+      // together: lane t copies tile t's chunk c (the four stripes' chunk c are adjacent in the
+      // tile: one contiguous burst per tile). A copy that lands before the arrival only takes the
+      // barrier's transaction count below zero for a moment; the phase cannot complete before
+      // the arrival. (One lane issuing every copy in turn put them on the producer warp's
+      // critical path: docs/PERFORMANCE.md, session 15.)
+      if (lane == 0) MbarArriveExpectTx(full, stage_tx);
+      if (kLoadWeights && lane < kTiles) {
+        BulkCopyG2S(st + a_offset + lane * a_tile_region,
+                    tile_ptr + lane * tile_bytes + static_cast<int64_t>(c) * 4 * chunk_bytes,
+                    static_cast<uint32_t>(4 * chunk_bytes), full, policy);
       }
       const uint32_t b_st = st + b_offset;
       if constexpr (kWide) {
-        // B [K half][token][128 bytes], 128-byte swizzle: per K half one TMA box of the block's
-        // 16-row groups of valid rows (the MMA width covers them; bf16_wgmma_sm90.cuh), and one of
-        // a merged tail's rows after BM. (A box per group cost the producer warp, whose issue
-        // latency the 2-stage ring does not hide, up to 10 copies a stage.)
-        if (kLoadTokens && lane == 0) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            TmaLoad2D(b_st + h * token_half_bytes, act_map, c * kChunkK + h * 64, act_row, full);
-            if (d.rows > BM) {
-              TmaLoad2D(b_st + h * token_half_bytes + BM * 128, tail_map, c * kChunkK + h * 64,
-                        tail_row, full);
-            }
-          }
+        // B [K half][token][128 bytes], 128-byte swizzle: per K half h one TMA box of the block's
+        // 16-row groups of valid rows (the MMA width covers them; bf16_wgmma_sm90.cuh), lane
+        // kTiles + h's, and one of a merged tail's rows after BM, lane kTiles + 2 + h's. (A box
+        // per group cost the producer warp up to 10 copies a stage.)
+        const int box = lane - kTiles;  // 0, 1: K halves of the block; 2, 3: of its merged tail
+        if (kLoadTokens && box >= 0 && box < (d.rows > BM ? 4 : 2)) {
+          const int h = box & 1;
+          const bool tail = box >= 2;
+          TmaLoad2D(b_st + h * token_half_bytes + (tail ? BM * 128 : 0), tail ? tail_map : act_map,
+                    c * kChunkK + h * 64, tail ? tail_row : act_row, full);
         }
       } else if constexpr (kBf16) {
         // B [kb][row n][t][16 bytes], BF16 rows already in block column order
