@@ -48,15 +48,17 @@ std::string SummarizeRole2Trace(std::span<const TaskTrace> trace) {
 
   uint64_t t0 = UINT64_MAX;
   uint64_t end = 0;
-  std::map<uint32_t, int> ctas;
+  double run_sum = 0;
+  std::map<uint32_t, uint64_t> ctas;                  // the CTA's last task done
   std::map<uint32_t, std::pair<int, double>> per_sm;  // tasks, summed run time
   for (const TaskTrace* t : tasks) {
     t0 = std::min(t0, t->claim_ns);
     end = std::max(end, t->done_ns);
-    ctas[t->cta]++;
+    ctas[t->cta] = std::max(ctas[t->cta], t->done_ns);
     auto& sm = per_sm[t->sm];
     sm.first++;
     sm.second += Us(t->start_ns, t->done_ns);
+    run_sum += Us(t->start_ns, t->done_ns);
   }
   std::string out = Line(
       "role2 trace: %zu tasks on %zu CTAs and %zu SMs, %.1f us from the first claim "
@@ -97,14 +99,8 @@ std::string SummarizeRole2Trace(std::span<const TaskTrace> trace) {
   }
   // The tail: when each CTA ran out of tasks, and how much of the CTAs' time (from the first
   // claim to the last task done) went to running tasks.
-  std::map<uint32_t, uint64_t> cta_done;
-  double run_sum = 0;
-  for (const TaskTrace* t : tasks) {
-    cta_done[t->cta] = std::max(cta_done[t->cta], t->done_ns);
-    run_sum += Us(t->start_ns, t->done_ns);
-  }
   std::vector<double> last_done;
-  for (const auto& [cta, done] : cta_done) last_done.push_back(Us(t0, done));
+  for (const auto& [cta, done] : ctas) last_done.push_back(Us(t0, done));
   std::sort(last_done.begin(), last_done.end());
   out += Line(
       "  CTAs' last task done: first %.1f, median %.1f, last %.1f us; tasks ran %.1f %% of "
