@@ -27,9 +27,10 @@ namespace {
 
 constexpr int kWarps = kRoleThreads / 32;
 constexpr int kRouteBatch = 8;  // groups of 32 assignments a warp loads at once (phase A)
-constexpr int kPullBatch = 4;   // items (16-byte copies, 32-value conversions) a thread has in
+constexpr int kPullBatch = 4;   // 32-value blocks of other ranks' rows a thread converts per
+                                // round (phase C)
+constexpr int kCopyBatch = 8;   // 16-byte copies of this rank's own BF16 rows a thread has in
                                 // flight per round (phase C)
-constexpr int kCopyBatch = 8;   // the same for the copies of this rank's own BF16 rows
 
 // Unbounded registers (114): capped at 80 so that role2, launched programmatically behind it,
 // keeps two of its CTAs per SM resident beside role1's instead of one, it spilled 64 bytes and
@@ -143,8 +144,8 @@ __global__ void __launch_bounds__(kRoleThreads)
                           static_cast<int>(blockIdx.x));
     if (ok && blockIdx.x == 0) {
       StReleaseGpu(&p.sig->x_ready, 1);  // the shared expert's W1 may read x_q
-      for (int q = 0; q < world && world > 1; ++q) {
-        RedAddReleaseSys(&p.peers.signals[q]->tag1[parity], 1);
+      if (world > 1) {
+        for (int q = 0; q < world; ++q) RedAddReleaseSys(&p.peers.signals[q]->tag1[parity], 1);
       }
     }
     if (ok && world > 1) {

@@ -40,16 +40,15 @@ __global__ void __launch_bounds__(kRoleThreads)
   const uint32_t parity = p.sig->parity;
 
   // One rank has no peer to wait for: role2's partials are complete (graph dependency).
-  if (threadIdx.x == 0 && world > 1) {
-    if (blockIdx.x == 0) {
+  if (threadIdx.x == 0) {
+    if (blockIdx.x == 0 && world > 1) {
       __threadfence_system();
       for (int q = 0; q < world; ++q)
         RedAddReleaseSys(&p.peers.signals[q]->combine_ready[parity], 1);
     }
-    s_go = WaitAtLeast(env, &p.sig->combine_ready[parity], static_cast<uint32_t>(world), true,
-                       kWaitCombine, static_cast<int>(parity));
-  } else if (threadIdx.x == 0) {
-    s_go = 1;
+    s_go =
+        world == 1 || WaitAtLeast(env, &p.sig->combine_ready[parity], static_cast<uint32_t>(world),
+                                  true, kWaitCombine, static_cast<int>(parity));
   }
   __syncthreads();
 
@@ -109,6 +108,7 @@ __global__ void __launch_bounds__(kRoleThreads)
   if (threadIdx.x == 0) {
     __threadfence();
     s_last = atomicAdd(&p.sig->r3_done, 1u) == gridDim.x - 1;
+    s_first_bad = hdr.num_blocks;  // the last CTA's checks below lower it
   }
   __syncthreads();
   if (!s_last) return;
@@ -117,8 +117,6 @@ __global__ void __launch_bounds__(kRoleThreads)
   // thread cost a round trip per block at the end of every step), thread 0 the task claims and
   // whether the step was aborted (a host-mapped read, meanwhile).
   const int n1 = p.dims.intermediate / 32;
-  if (threadIdx.x == 0) s_first_bad = hdr.num_blocks;
-  __syncthreads();
   for (int b = threadIdx.x; b < hdr.num_blocks; b += blockDim.x) {
     if (p.w1_done[b] != static_cast<uint32_t>(n1)) atomicMin(&s_first_bad, b);
   }
