@@ -126,19 +126,15 @@ __global__ void __launch_bounds__(kRoleThreads)
     __syncthreads();  // s_route_hits is the next expert's
   }
 
-  // B. Barriers. Thread 0's fence orders the whole CTA's stores (after bar.sync) before its
-  // arrival; the system-scope fence covers peer writes of receive entries. Every thread that
-  // wrote another GPU's receive index also waits for its own stores to land there first. On one
-  // rank nothing here is another GPU's: GPU-scope fences, and the grid barrier alone completes
-  // every receive entry (no tag-1 barrier).
+  // B. Barriers. Thread 0's release orders the whole CTA's stores (after bar.sync; a release is
+  // cumulative) before its arrival; with peers a system-scope fence before it covers peer writes
+  // of receive entries, and every thread that wrote another GPU's receive index also waits for
+  // its own stores to land there first. On one rank nothing here is another GPU's: the GPU-scope
+  // release alone, and the grid barrier alone completes every receive entry (no tag-1 barrier).
   if (world > 1) __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (world > 1) {
-      __threadfence_system();
-    } else {
-      __threadfence();
-    }
+    if (world > 1) __threadfence_system();
     RedAddReleaseGpu(&p.sig->r1_arrive, 1);
     bool ok = WaitAtLeast(env, &p.sig->r1_arrive, gridDim.x, false, kWaitRole1Barrier,
                           static_cast<int>(blockIdx.x));
@@ -266,8 +262,7 @@ __global__ void __launch_bounds__(kRoleThreads)
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      __threadfence();
-      RedAddReleaseGpu(&p.ring_full[slot], 1);  // one piece (RingFullTarget)
+      RedAddReleaseGpu(&p.ring_full[slot], 1);  // one piece (RingFullTarget), as B's release
     }
   }
 }

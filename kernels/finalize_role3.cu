@@ -20,6 +20,7 @@
 
 #include "kernels/device_common.cuh"
 #include "kernels/layer_roles.h"
+#include "kernels/programmatic_launch.h"
 
 namespace gcmoe::kernels {
 namespace {
@@ -37,6 +38,10 @@ __global__ void __launch_bounds__(kRoleThreads)
   const int H = p.dims.hidden;
   const int k = p.dims.top_k;
   const int world = p.dims.world_size;
+  // Launched programmatically behind role2 (one rank: LaunchFinalizeRole3's `early`), the grid
+  // may start while role2's last tasks run; nothing role2 writes may be read before it completed.
+  // A no-op otherwise.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const uint32_t parity = p.sig->parity;
 
   // One rank has no peer to wait for: role2's partials are complete (graph dependency).
@@ -177,9 +182,15 @@ cudaError_t Role3CtasPerSm(int* ctas) {
   return cudaSuccess;
 }
 
-cudaError_t LaunchFinalizeRole3(const LayerParams& params, int grid, cudaStream_t stream) {
-  FinalizeRole3Kernel<<<grid, kRoleThreads, 0, stream>>>(params);
-  return cudaGetLastError();
+cudaError_t LaunchFinalizeRole3(const LayerParams& params, int grid, cudaStream_t stream,
+                                bool early) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(static_cast<unsigned>(kRoleThreads));
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  AllowProgrammaticLaunch(early, &config, &attribute);
+  return cudaLaunchKernelEx(&config, FinalizeRole3Kernel, params);
 }
 
 }  // namespace gcmoe::kernels

@@ -43,6 +43,7 @@
 #include "kernels/device_common.cuh"
 #include "kernels/gemm_epilogue_sm90.cuh"
 #include "kernels/layer_roles.h"
+#include "kernels/programmatic_launch.h"
 #include "kernels/role2_probe.h"
 #include "kernels/sm90_async.cuh"
 #include "kernels/stream_mainloops_sm90.cuh"
@@ -102,6 +103,9 @@ __device__ __forceinline__ void TaskEpilogues(const LayerParams& p, const TaskDe
 // are issued (after its barrier): the trace entry, and those tiles' completion: the W1 outputs to
 // the block's W2 tasks, the ring slot (W1 has read it) back to role1. A task of more rows than
 // the block size (the bf16-wgmma kernel's merged blocks) completes its tail block's too.
+// The releases need no fence before them: the warpgroup's barrier orders its threads' stores
+// before the leader's release, which is cumulative. (A __threadfence there, fence.sc, cost 0.4-1.1
+// % of the step with role1's two like it: docs/PERFORMANCE.md, session 17.)
 __device__ __forceinline__ void FinishTask(const LayerParams& p, const TaskDesc& d, int tiles,
                                            uint64_t start_ns, int leader = 0) {
   if (static_cast<int>(threadIdx.x) != leader) return;
@@ -110,7 +114,6 @@ __device__ __forceinline__ void FinishTask(const LayerParams& p, const TaskDesc&
     p.task_trace[d.task].done_ns = GlobalTimerNs();
   }
   if (d.kind == kRoutedW1) {
-    __threadfence();
     RedAddReleaseGpu(&p.w1_done[d.block], tiles);
     RedAddReleaseGpu(&p.ring_empty[d.block % p.ring_blocks], tiles);
     if (d.rows > p.bm) {
@@ -118,7 +121,6 @@ __device__ __forceinline__ void FinishTask(const LayerParams& p, const TaskDesc&
       RedAddReleaseGpu(&p.ring_empty[(d.block + 1) % p.ring_blocks], tiles);
     }
   } else if (d.kind == kSharedW1) {
-    __threadfence();
     RedAddReleaseGpu(&p.w1s_done[d.block], tiles);
   }
 }
@@ -435,13 +437,8 @@ cudaError_t LaunchStreamGemmRole2(const LayerParams& params, GemmKernel which,
   config.blockDim = dim3(static_cast<unsigned>(shape.threads));
   config.dynamicSmemBytes = shape.smem_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (early) {
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
+  cudaLaunchAttribute attribute;
+  AllowProgrammaticLaunch(early, &config, &attribute);
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 

@@ -460,7 +460,11 @@ cudaError_t LayerGraph::Capture(int bm_index, bool merge_tails) {
     if (launch == cudaSuccess) launch = cudaEventRecord(join_, dispatch);
     if (launch == cudaSuccess) launch = cudaStreamWaitEvent(compute, join_, 0);
   }
-  if (launch == cudaSuccess) launch = LaunchFinalizeRole3(params, role3_grid_, compute);
+  // On one GPU role3 launches programmatically behind role2 too, so that its launch and its CTAs'
+  // start overlap role2's last tasks: 1.01-1.02x at T <= 8 (docs/PERFORMANCE.md, session 17).
+  if (launch == cudaSuccess)
+    launch = LaunchFinalizeRole3(params, role3_grid_, compute,
+                                 sequential_ && options_.dims.world_size == 1);
   cudaGraph_t graph = nullptr;
   err = cudaStreamEndCapture(compute, &graph);
   if (launch != cudaSuccess) {

@@ -116,7 +116,10 @@ cudaError_t LaunchGroupedGemmRole2(GemmKernel kernel, const LayerParams& params,
                                    const Role2Shape& shape, int grid, cudaStream_t stream,
                                    bool early = false, bool merge_tails = true);
 // role3: combine readiness, slot-order reduction into the output, signal reset, parity flip.
-cudaError_t LaunchFinalizeRole3(const LayerParams& params, int grid, cudaStream_t stream);
+// early: programmatic dependent launch behind role2 (LaunchStreamGemmRole2's `early` for role1
+// and role2): its CTAs may start as role2's leave, once every role2 CTA is out of tasks.
+cudaError_t LaunchFinalizeRole3(const LayerParams& params, int grid, cudaStream_t stream,
+                                bool early = false);
 // role3's CTAs per SM: up to kRole3CtasPerSm, as many as are resident at once (every CTA spins
 // on the combine counter that CTA 0 raises, so the whole grid must be resident).
 inline constexpr int kRole3CtasPerSm = 3;

@@ -262,7 +262,12 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
       bars.desc[ds] = d;
       MbarArrive(SmemAddr(&bars.desc_full[ds]));
     }
-    if (d.kind < 0) break;
+    if (d.kind < 0) {
+      // role3, launched programmatically behind this grid on one rank, may be scheduled once
+      // every CTA is out of tasks (its CTAs then take the SMs as these leave).
+      asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+      break;
+    }
 
     const int chunks = d.k / kChunkK;
     const int scale_row = d.k / 32;
