@@ -33,6 +33,15 @@ __device__ __forceinline__ void StReleaseGpu(uint32_t* p, uint32_t v) {
 __device__ __forceinline__ void RedAddReleaseGpu(uint32_t* p, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+// Several counters released at once: one fence, then relaxed adds. A fence.acq_rel followed by
+// a strong write is a release pattern (PTX memory model), so each add releases what the fence
+// orders, for the price of one fence (each red.release carries its own).
+__device__ __forceinline__ void FenceAcqRelGpu() {
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+__device__ __forceinline__ void RedAddRelaxedGpu(uint32_t* p, uint32_t v) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 __device__ __forceinline__ void RedAddReleaseSys(uint32_t* p, uint32_t v) {
   asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }

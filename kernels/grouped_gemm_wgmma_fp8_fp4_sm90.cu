@@ -103,9 +103,10 @@ __device__ __forceinline__ void TaskEpilogues(const LayerParams& p, const TaskDe
 // are issued (after its barrier): the trace entry, and those tiles' completion: the W1 outputs to
 // the block's W2 tasks, the ring slot (W1 has read it) back to role1. A task of more rows than
 // the block size (the bf16-wgmma kernel's merged blocks) completes its tail block's too.
-// The releases need no fence before them: the warpgroup's barrier orders its threads' stores
-// before the leader's release, which is cumulative. (A __threadfence there, fence.sc, cost 0.4-1.1
-// % of the step with role1's two like it: docs/PERFORMANCE.md, session 17.)
+// The warpgroup's barrier orders its threads' stores before the leader's release, which is
+// cumulative: one fence.acq_rel and relaxed adds (a __threadfence, fence.sc, before releasing
+// adds cost 0.4-1.1 % of the step with role1's two like it; the one fence for the W1 task's two
+// or four adds instead of one each gained 0.1-2.0 %: docs/PERFORMANCE.md, session 17).
 __device__ __forceinline__ void FinishTask(const LayerParams& p, const TaskDesc& d, int tiles,
                                            uint64_t start_ns, int leader = 0) {
   if (static_cast<int>(threadIdx.x) != leader) return;
@@ -114,11 +115,12 @@ __device__ __forceinline__ void FinishTask(const LayerParams& p, const TaskDesc&
     p.task_trace[d.task].done_ns = GlobalTimerNs();
   }
   if (d.kind == kRoutedW1) {
-    RedAddReleaseGpu(&p.w1_done[d.block], tiles);
-    RedAddReleaseGpu(&p.ring_empty[d.block % p.ring_blocks], tiles);
+    FenceAcqRelGpu();  // one fence for the two or four adds
+    RedAddRelaxedGpu(&p.w1_done[d.block], tiles);
+    RedAddRelaxedGpu(&p.ring_empty[d.block % p.ring_blocks], tiles);
     if (d.rows > p.bm) {
-      RedAddReleaseGpu(&p.w1_done[d.block + 1], tiles);
-      RedAddReleaseGpu(&p.ring_empty[(d.block + 1) % p.ring_blocks], tiles);
+      RedAddRelaxedGpu(&p.w1_done[d.block + 1], tiles);
+      RedAddRelaxedGpu(&p.ring_empty[(d.block + 1) % p.ring_blocks], tiles);
     }
   } else if (d.kind == kSharedW1) {
     RedAddReleaseGpu(&p.w1s_done[d.block], tiles);
