@@ -182,7 +182,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
 CudaBackend::CudaBackend(const BackendOptions& options, std::unique_ptr<kernels::LayerGraph> graph)
     : options_(options),
       graph_(std::move(graph)),
-      merge_tails_(EnvInt("GCMOE_CUDA_MERGE_TAILS", 1) != 0) {}
+      merge_tails_(EnvInt("GCMOE_CUDA_MERGE_TAILS", 1) != 0),
+      heaviest_first_(EnvInt("GCMOE_CUDA_HEAVIEST_FIRST", 1) != 0) {}
 
 Status CudaBackend::SelectDevice() const {
   const cudaError_t err = cudaSetDevice(options_.device);
@@ -518,7 +519,8 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
 
   // Block size from the expected tokens per held expert; rows from the plan.
   const int bm = ChooseBlockRows(RowsComputedBy(*ctx.plan, options_.rank));
-  BuildGpuStepTables(*ctx.plan, options_.rank, slot_of_, bm, MaxTailRows(bm), &tables_);
+  BuildGpuStepTables(*ctx.plan, options_.rank, slot_of_, bm, MaxTailRows(bm), &tables_,
+                     heaviest_first_);
   const int64_t rows = tables_.rows;
   const std::vector<kernels::RingBlock>& blocks = tables_.blocks;
   const std::vector<kernels::ExpertRoute>& routes = tables_.routes;

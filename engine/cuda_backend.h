@@ -124,6 +124,10 @@ class CudaBackend final : public Backend {
   int last_bm_ = 0;
   int forced_bm_ = 0;
   bool merge_tails_ = true;  // GCMOE_CUDA_MERGE_TAILS=0 turns it off (A/B measurements)
+  // The experts' blocks in BuildGpuStepTables's heaviest-first order, so that role2's last tasks
+  // are its shortest (1.010-1.015x at T = 128, within 0.3 % elsewhere, on the synthetic slices:
+  // docs/PERFORMANCE.md, session 17). GCMOE_CUDA_HEAVIEST_FIRST=0: expert id order.
+  bool heaviest_first_ = true;
   bool connected_ = false;
   bool alltoall_ = false;     // exchange "nccl"
   bool trace_role2_ = false;  // GCMOE_CUDA_TRACE

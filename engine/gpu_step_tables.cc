@@ -32,7 +32,7 @@ int64_t RowsComputedBy(const StepPlan& plan, int rank) {
 }
 
 void BuildGpuStepTables(const StepPlan& plan, int rank, std::span<const int> slot_of, int bm,
-                        int max_tail_rows, GpuStepTables* tables) {
+                        int max_tail_rows, GpuStepTables* tables, bool heaviest_first) {
   const int E = plan.num_experts;
   const int P = plan.world_size;
   std::vector<kernels::ExpertRoute>& routes = tables->routes;
@@ -40,8 +40,10 @@ void BuildGpuStepTables(const StepPlan& plan, int rank, std::span<const int> slo
   routes.assign(E, kernels::ExpertRoute{});
   blocks.clear();
 
-  // Receive-index bases of every rank: a running cursor per rank over the experts.
+  // Receive-index bases of every rank: a running cursor per rank over the experts. Then this
+  // rank's blocks, expert by expert in id order or (heaviest_first) most rows first.
   std::vector<int64_t> cursor(P, 0);
+  std::vector<int64_t> mine_of(E, 0), base_of(E, 0);
   for (int e = 0; e < E; ++e) {
     const int64_t total = plan.expert_tokens[e];
     const int64_t at_home = plan.home_tokens[e];
@@ -50,17 +52,25 @@ void BuildGpuStepTables(const StepPlan& plan, int rank, std::span<const int> slo
     r.host_rank = plan.host[e];
     r.home_tokens = static_cast<int32_t>(at_home);
     r.src_offset = static_cast<int32_t>(plan.src_offset[static_cast<size_t>(rank) * E + e]);
-    r.first_block = static_cast<int32_t>(blocks.size());
     r.home_base = static_cast<int32_t>(cursor[plan.home[e]]);
     cursor[plan.home[e]] += at_home;
     if (plan.host[e] >= 0) {
       r.host_base = static_cast<int32_t>(cursor[plan.host[e]]);
       cursor[plan.host[e]] += total - at_home;
     }
-    const int64_t base = plan.home[e] == rank ? r.home_base : r.host_base;
-    const int64_t mine = plan.home[e] == rank   ? at_home
-                         : plan.host[e] == rank ? total - at_home
-                                                : 0;
+    base_of[e] = plan.home[e] == rank ? r.home_base : r.host_base;
+    mine_of[e] = plan.home[e] == rank ? at_home : plan.host[e] == rank ? total - at_home : 0;
+  }
+  std::vector<int> order(E);
+  for (int e = 0; e < E; ++e) order[e] = e;
+  if (heaviest_first) {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return mine_of[a] > mine_of[b]; });
+  }
+  for (int e : order) {
+    const int64_t base = base_of[e];
+    const int64_t mine = mine_of[e];
+    routes[e].first_block = static_cast<int32_t>(blocks.size());
     for (int64_t b = 0; b < mine; b += bm) {
       blocks.push_back(kernels::RingBlock{slot_of[e], static_cast<int32_t>(base + b),
                                           static_cast<int32_t>(std::min<int64_t>(bm, mine - b)),

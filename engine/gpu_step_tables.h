@@ -38,8 +38,10 @@ int64_t RowsComputedBy(const StepPlan& plan, int rank);
 // slot_of[e]: the local slot of a held expert (its weights' index), -1 if not held; every
 // expert the plan has `rank` compute must be held. bm: rows per ring block. max_tail_rows: an
 // expert's last block of at most this many rows (after at least one full block) is merged into
-// the block before it (RingBlock::tail_rows); 0 merges none.
+// the block before it (RingBlock::tail_rows); 0 merges none. heaviest_first: the experts' blocks
+// in order of the rows this rank computes of them, most first (role2 hands out its tasks in block
+// order, so the last are the lightest), else in expert id order; an expert's blocks stay adjacent.
 void BuildGpuStepTables(const StepPlan& plan, int rank, std::span<const int> slot_of, int bm,
-                        int max_tail_rows, GpuStepTables* tables);
+                        int max_tail_rows, GpuStepTables* tables, bool heaviest_first = false);
 
 }  // namespace gcmoe::engine

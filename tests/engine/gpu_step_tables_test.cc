@@ -89,9 +89,30 @@ TEST(GpuStepTables, RoutingAndPackingAgreeWithTheKernelsOnRandomSteps) {
       }
       // A third of the trials merge no tails; the rest up to a random number of rows.
       const int max_tail = trial % 3 == 0 ? 0 : 1 + static_cast<int>(rng() % bm);
+      // Every other trial lays the experts' blocks out heaviest first: the checks below hold
+      // for either order.
+      const bool heaviest_first = trial % 2 == 1;
       std::vector<GpuStepTables> tables(P);
       for (int r = 0; r < P; ++r) {
-        BuildGpuStepTables(plan, r, slot_of[r], bm, max_tail, &tables[r]);
+        BuildGpuStepTables(plan, r, slot_of[r], bm, max_tail, &tables[r], heaviest_first);
+      }
+      // The order itself: each expert's blocks in one run, the runs by their rows (most first
+      // when heaviest_first, else by expert id, which ascends with the local slot).
+      for (int r = 0; r < P; ++r) {
+        std::vector<std::pair<int, int64_t>> runs;  // (local slot, rows)
+        for (const kernels::RingBlock& block : tables[r].blocks) {
+          if (runs.empty() || runs.back().first != block.local_slot) {
+            runs.emplace_back(block.local_slot, 0);
+          }
+          runs.back().second += block.rows;
+        }
+        for (size_t i = 1; i < runs.size(); ++i) {
+          if (heaviest_first) {
+            ASSERT_GE(runs[i - 1].second, runs[i].second) << "trial " << trial << " rank " << r;
+          } else {
+            ASSERT_LT(runs[i - 1].first, runs[i].first) << "trial " << trial << " rank " << r;
+          }
+        }
       }
 
       // Role2 with merged tails: the blocks it computes (all but the tails) cover every receive
@@ -149,16 +170,17 @@ TEST(GpuStepTables, RoutingAndPackingAgreeWithTheKernelsOnRandomSteps) {
             const int target = at_home ? route.home_rank : route.host_rank;
             ASSERT_GE(target, 0) << "P " << P << " expert " << e << " position " << position;
             ASSERT_EQ(target, plan.ComputeRank(e, position));
-            const int index =
-                at_home ? route.home_base + position : route.host_base + (position - route.home_tokens);
+            const int index = at_home ? route.home_base + position
+                                      : route.host_base + (position - route.home_tokens);
             ASSERT_GE(index, 0);
             ASSERT_LT(index, tables[target].rows) << "P " << P << " expert " << e;
             ++received[target][index];
             expert_of[target][index] = e;
             // The baseline's send place of the same assignment.
-            const int send = at_home ? route.send_home + (position - route.src_offset)
-                                     : route.send_host +
-                                           (position - std::max(route.src_offset, route.home_tokens));
+            const int send =
+                at_home
+                    ? route.send_home + (position - route.src_offset)
+                    : route.send_host + (position - std::max(route.src_offset, route.home_tokens));
             ASSERT_GE(send, tables[q].send_start[target]);
             ASSERT_LT(send, tables[q].send_start[target] + tables[q].send_count[target]);
             ++sent_at[send];
@@ -181,10 +203,23 @@ TEST(GpuStepTables, RoutingAndPackingAgreeWithTheKernelsOnRandomSteps) {
       for (int r = 0; r < P; ++r) {
         ASSERT_EQ(tables[r].rows, RowsComputedBy(plan, r));
         all_rows += tables[r].rows;
-        for (int v : received[r]) ASSERT_EQ(v, 1) << "rank " << r << ": a receive row written " << v;
-        // The blocks cut the receive index in order, one expert each, at most BM rows.
+        for (int v : received[r])
+          ASSERT_EQ(v, 1) << "rank " << r << ": a receive row written " << v;
+        // The blocks cut the receive index, one expert each, at most BM rows: in order, or
+        // (heaviest first) in an order of whole experts, so in order once sorted.
+        std::vector<kernels::RingBlock> cut = tables[r].blocks;
+        std::sort(cut.begin(), cut.end(),
+                  [](const kernels::RingBlock& a, const kernels::RingBlock& b) {
+                    return a.row_begin < b.row_begin;
+                  });
+        if (!heaviest_first) {
+          ASSERT_TRUE(std::equal(cut.begin(), cut.end(), tables[r].blocks.begin(),
+                                 [](const kernels::RingBlock& a, const kernels::RingBlock& b) {
+                                   return a.row_begin == b.row_begin;
+                                 }));
+        }
         int64_t next = 0;
-        for (const kernels::RingBlock& b : tables[r].blocks) {
+        for (const kernels::RingBlock& b : cut) {
           ASSERT_EQ(b.row_begin, next);
           ASSERT_GE(b.rows, 1);
           ASSERT_LE(b.rows, bm);
