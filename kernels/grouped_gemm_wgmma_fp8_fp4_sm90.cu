@@ -38,6 +38,7 @@
 // BM 64 (`bf16-wgmma`: two consumer warpgroups on register-A BF16 wgmma, three CTAs per SM) has
 // its own CTA below and its K loop in bf16_wgmma_sm90.cuh.
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/bf16_wgmma_sm90.cuh"
 #include "kernels/device_common.cuh"
@@ -58,7 +59,7 @@ using namespace stream_role2;  // the pipeline and K loops of this kernel, in th
 // ---- a task's end, shared by the consumers of both kernels ------------------------------------
 
 // The fused epilogues of the task's kTiles tiles, by one warpgroup, from
-// red[tile row 64 s + r][token] (`pitch` floats per row) complete and visible.
+// red[tile row 64 s + r][token] (`pitch` values per row) complete and visible.
 // `tile_offset`: the task's tile the first of them is (the bf16-wgmma kernel's warpgroup 1 runs
 // tile 1 alone).
 // `red` holds FP32 or (uint16_t) BF16 results.
@@ -142,7 +143,9 @@ __device__ __forceinline__ TaskDesc TakeDescriptor(Barriers& bars, uint32_t desc
 
 template <int BM, GemmKernel kKernel>
 __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
-                          float* red_buffer, Barriers& bars) {
+                          uint8_t* red_buffer, Barriers& bars) {
+  // RedValueBytes: the bf16 kernel's results as BF16 bits.
+  using Red = std::conditional_t<RedValueBytes(kKernel) == 2, uint16_t, float>;
   constexpr int kTiles = Role2TilesPerTask(kKernel, BM);
   constexpr int kAcc = kTiles * BM / 2;  // per tile s: acc[s * BM / 2 ..]
   const int warp = threadIdx.x >> 5;
@@ -174,10 +177,8 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
     }
     // RedInStage: the results go over the task's last stage, once every consumer is done with it.
     const int held = ring.stage == 0 ? stages - 1 : ring.stage - 1;
-    float* red =
-        red_in_stage
-            ? reinterpret_cast<float*>(stage_base + static_cast<int64_t>(held) * stage_bytes)
-            : red_buffer;
+    Red* red = reinterpret_cast<Red*>(
+        red_in_stage ? stage_base + static_cast<int64_t>(held) * stage_bytes : red_buffer);
     if (red_in_stage) NamedBarrier(kConsumerBarrierId, kConsumerThreads);
     if (d.scale_shift != 0) {
       const float undo = FloatFromBits(static_cast<uint32_t>(127 + d.scale_shift) << 23);
@@ -193,10 +194,17 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
       for (int j = 0; j < BM / 8; ++j) {
         const int col = 8 * j + 2 * t;
         const float* a = &acc[s * BM / 2 + 4 * j];
-        red[row * RedPitch(BM) + col] = a[0];
-        red[row * RedPitch(BM) + col + 1] = a[1];
-        red[(row + 8) * RedPitch(BM) + col] = a[2];
-        red[(row + 8) * RedPitch(BM) + col + 1] = a[3];
+        const auto value = [](float v) {
+          if constexpr (sizeof(Red) == 2) {
+            return static_cast<uint16_t>(Bf16Bits(v));
+          } else {
+            return v;
+          }
+        };
+        red[row * RedPitch(BM) + col] = value(a[0]);
+        red[row * RedPitch(BM) + col + 1] = value(a[1]);
+        red[(row + 8) * RedPitch(BM) + col] = value(a[2]);
+        red[(row + 8) * RedPitch(BM) + col + 1] = value(a[3]);
       }
     }
     NamedBarrier(kConsumerBarrierId, kConsumerThreads);  // red complete
@@ -308,10 +316,9 @@ __global__ void __launch_bounds__(kStreamThreads) __maxnreg__(MaxRegisters(kKern
   const bool has_shared = p.dims.shared_intermediate > 0;
   const int stage_bytes = StageBytes(kKernel, BM, has_shared);
   // The results buffer after the stages, unless the results go over a stage (RedInStage).
-  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(stages) * stage_bytes);
+  uint8_t* red = smem + static_cast<size_t>(stages) * stage_bytes;
   Barriers& bars = *reinterpret_cast<Barriers*>(
-      reinterpret_cast<uint8_t*>(red) +
-      (RedInStage(kKernel, BM, has_shared) ? 0 : RedBytes(kKernel, BM)));
+      red + (RedInStage(kKernel, BM, has_shared) ? 0 : RedBytes(kKernel, BM)));
   if (threadIdx.x == 0) {
     if (p.smid_log != nullptr) p.smid_log[p.role1_grid + blockIdx.x] = SmId();
     for (int s = 0; s < stages; ++s) {

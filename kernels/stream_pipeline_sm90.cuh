@@ -59,10 +59,15 @@ __host__ __device__ constexpr int StageBytes(GemmKernel kernel, int bm, bool has
 }
 // The bf16 kernel's B boxes come by TMA, whose shared-memory destinations are 128-aligned.
 static_assert(ARegionBytes(false) % 128 == 0 && ARegionBytes(true) % 128 == 0);
-// The task's FP32 results, red[tile row 0 .. 64 x tiles - 1][token], padded against conflicts.
+// The task's results, red[tile row 0 .. 64 x tiles - 1][token], padded against conflicts: FP32,
+// or BF16 for the bf16 kernel, whose epilogues round every result to BF16 first, so that storing
+// them rounded is exact (and leaves BM 32 a fourth stage at three CTAs per SM).
 __host__ __device__ constexpr int RedPitch(int bm) { return bm + 1; }
+__host__ __device__ constexpr int RedValueBytes(GemmKernel kernel) {
+  return kernel == GemmKernel::kStreamBf16 ? 2 : 4;
+}
 __host__ __device__ constexpr int RedBytes(GemmKernel kernel, int bm) {
-  return Role2TilesPerTask(kernel, bm) * kTileRows * RedPitch(bm) * 4;
+  return Role2TilesPerTask(kernel, bm) * kTileRows * RedPitch(bm) * RedValueBytes(kernel);
 }
 
 struct TaskDesc {
@@ -127,7 +132,9 @@ __host__ __device__ constexpr size_t StreamSmemBytes(GemmKernel kernel, int bm, 
          (RedInStage(kernel, bm, has_shared) ? 0 : RedBytes(kernel, bm)) + sizeof(Barriers);
 }
 
-// Both cases the rule is for, and one it leaves alone (routed-only BM 32 fits 3 stages).
+// The bf16 kernel's BF16 results leave routed-only BM 32 four stages (FP32 ones: three).
+static_assert(StagesFitting(GemmKernel::kStreamBf16, 32, false, false) == 4);
+// Both cases the rule is for, and one it leaves alone (routed-only BM 32 fits 4 stages).
 static_assert(RedInStage(GemmKernel::kStreamBf16, 32, true));
 static_assert(RedInStage(GemmKernel::kStreamBf16, 64, true));
 static_assert(!RedInStage(GemmKernel::kStreamBf16, 32, false));
