@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
   const int stages = p.r2_stages;
   constexpr int stage_bytes = WideStageBytes(kShared);
   Barriers& bars = *reinterpret_cast<Barriers*>(smem + static_cast<size_t>(stages) * stage_bytes);
-  if constexpr (kRole2Probe.no_tokens || kRole2Probe.no_weights) {
+  if constexpr (kRole2Probe.no_tokens || kRole2Probe.half_tokens || kRole2Probe.no_weights) {
     // What a probe does not load is zeros, so that the outputs stay finite.
     for (int i = threadIdx.x; i < stages * stage_bytes / 4; i += blockDim.x) {
       reinterpret_cast<uint32_t*>(smem)[i] = 0;

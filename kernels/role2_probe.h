@@ -6,6 +6,8 @@
 //   no-decode    the A registers are the raw lane words (no FP4 decode, no scale multiply)
 //   no-wgmma     no wgmma (the decoded registers are kept alive, not multiplied)
 //   no-tokens    the producer loads no token rows (the stages hold zeros)
+//   half-tokens  the producer loads each stage's first K half of the token rows only (the other
+//                holds zeros): the L2 reads that two CTAs sharing a token stage would leave
 //   no-weights   the producer loads no weights (the stages hold zeros)
 //   stages=N     N stages per CTA (2 up to the default)
 // A probe build's outputs are wrong: `gcmoe bench layer` says so (GCMOE_ROLE2_PROBE_NAME, the
@@ -20,6 +22,7 @@ struct Role2Probe {
   bool no_decode = false;
   bool no_wgmma = false;
   bool no_tokens = false;
+  bool half_tokens = false;
   bool no_weights = false;
   int stages = 0;  // 0: the default
 };
@@ -36,6 +39,9 @@ inline constexpr Role2Probe kRole2Probe = {
 #endif
 #ifdef GCMOE_PROBE_NO_TOKENS
     .no_tokens = true,
+#endif
+#ifdef GCMOE_PROBE_HALF_TOKENS
+    .half_tokens = true,
 #endif
 #ifdef GCMOE_PROBE_NO_WEIGHTS
     .no_weights = true,
