@@ -275,15 +275,13 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
     // stage expects the weights' bytes plus B's where B comes by TMA.
     const int row_groups = (d.rows + kTmaRowGroup - 1) / kTmaRowGroup;
     const int wide_groups = (d.rows + kTmaWideRows - 1) / kTmaWideRows;  // kWide: 16-row boxes
-    // Probe builds (role2_probe.h) may leave either part out of the wide kernel's stages.
+    // Probe builds (role2_probe.h) may leave the weights, or one or both K halves of the token
+    // rows, out of the wide kernel's stages.
     constexpr bool kLoadWeights = !kWide || !kRole2Probe.no_weights;
-    constexpr bool kLoadTokens = !kWide || !kRole2Probe.no_tokens;
+    constexpr int kTokenHalves = kRole2Probe.no_tokens ? 0 : kRole2Probe.half_tokens ? 1 : 2;
     uint32_t stage_tx = kLoadWeights ? static_cast<uint32_t>(kTiles * 4 * chunk_bytes) : 0u;
     if constexpr (kWide) {
-      if (kLoadTokens) {
-        stage_tx += static_cast<uint32_t>((kRole2Probe.half_tokens ? 1 : 2) * wide_groups *
-                                          kTmaWideRows * 128);
-      }
+      stage_tx += static_cast<uint32_t>(kTokenHalves * wide_groups * kTmaWideRows * 128);
     } else if constexpr (kTmaB) {
       stage_tx += static_cast<uint32_t>(4 * row_groups * kTmaRowGroup * 32 * 2);
     }
@@ -311,8 +309,7 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         // kTiles + h's, and one of a merged tail's rows after BM, lane kTiles + 2 + h's. (A box
         // per group cost the producer warp up to 10 copies a stage.)
         const int box = lane - kTiles;  // 0, 1: K halves of the block; 2, 3: of its merged tail
-        if (kLoadTokens && box >= 0 && box < (d.rows > BM ? 4 : 2) &&
-            !(kRole2Probe.half_tokens && (box & 1))) {
+        if (box >= 0 && box < (d.rows > BM ? 4 : 2) && (box & 1) < kTokenHalves) {
           const int h = box & 1;
           const bool tail = box >= 2;
           TmaLoad2D(b_st + h * token_half_bytes + (tail ? BM * 128 : 0), tail ? tail_map : act_map,
