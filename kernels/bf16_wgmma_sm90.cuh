@@ -16,7 +16,8 @@
 // once the wgmma of the stage's last K32 block completed, or for a task's last stage, which takes
 // the task's results (BF16, both warpgroups' tiles), once its warpgroup's epilogue read them.
 //
-// The MMA width N is the valid rows rounded up to 16 (valid-M sizing); the columns past the
+// The MMA width N is the valid rows rounded up to 8 (valid-M sizing; wgmma's BF16 widths step by 8
+// and its time is linear in N), inside the 16-row boxes the producer loads; the columns past the
 // valid rows multiply whatever the stage holds there and are never stored.
 //
 // Merged tails: an expert's last block of at most kWgmmaBf16MaxTailRows rows after a full block
@@ -241,8 +242,8 @@ __device__ __forceinline__ uint16_t* WideTask(const TaskDesc& d, uint8_t* stage_
   return red_tile;
 }
 
-// The task at the MMA width of its valid rows (16, 32, 48, 64, or with kMerging 80 for a block
-// with its merged tail).
+// The task at the MMA width of its valid rows rounded up to 8 (8 .. 64, or with kMerging 72 or 80
+// for a block with its merged tail).
 template <bool kFp4, bool kMerging>
 __device__ __forceinline__ uint16_t* RunWideTask(const TaskDesc& d, uint8_t* stage_base, int stages,
                                                  int stage_bytes, int a_tile_region, Barriers& bars,
@@ -252,11 +253,18 @@ __device__ __forceinline__ uint16_t* RunWideTask(const TaskDesc& d, uint8_t* sta
 #define GCMOE_WIDE_TASK(N)                                                                        \
   return WideTask<N, kFp4>(d, stage_base, stages, stage_bytes, a_tile_region, bars, mbar_timeout, \
                            env, ring, group, token_half_bytes)
+  if (d.rows <= 8) GCMOE_WIDE_TASK(8);
   if (d.rows <= 16) GCMOE_WIDE_TASK(16);
+  if (d.rows <= 24) GCMOE_WIDE_TASK(24);
   if (d.rows <= 32) GCMOE_WIDE_TASK(32);
+  if (d.rows <= 40) GCMOE_WIDE_TASK(40);
   if (d.rows <= 48) GCMOE_WIDE_TASK(48);
+  if (d.rows <= 56) GCMOE_WIDE_TASK(56);
   if (!kMerging || d.rows <= 64) GCMOE_WIDE_TASK(64);
-  if constexpr (kMerging) GCMOE_WIDE_TASK(80);  // a block with its merged tail
+  if constexpr (kMerging) {  // a block with its merged tail
+    if (d.rows <= 72) GCMOE_WIDE_TASK(72);
+    GCMOE_WIDE_TASK(80);
+  }
 #undef GCMOE_WIDE_TASK
 }
 

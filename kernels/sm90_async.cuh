@@ -237,84 +237,65 @@ struct WgmmaE4m3<64> {
 };
 
 // D (m64 x N, FP32, accumulated: scale-d = 1) += A (m64 x k16 BF16 in registers, the per-warp
-// m16n8k16 A layout) x B (k16 x N BF16, K-major in shared memory by descriptor).
+// m16n8k16 A layout) x B (k16 x N BF16, K-major in shared memory by descriptor). One
+// specialization per N the bf16-wgmma role2 runs (its MMA widths: every multiple of 8 up to 80),
+// each written out by GCMOE_WGMMA_BF16_RS from its accumulator operands' list: PTX names them
+// %0.. in the instruction text, so each N has its own text.
 template <int N>
 struct WgmmaBf16Rs;
-template <>
-struct WgmmaBf16Rs<16> {
-  static __device__ __forceinline__ void Run(float (&d)[8], const uint32_t (&a)[4], uint64_t desc) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, "
-        "{%8,%9,%10,%11}, %12, 1, 1, 1, 0;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-  }
-};
-template <>
-struct WgmmaBf16Rs<32> {
-  static __device__ __forceinline__ void Run(float (&d)[16], const uint32_t (&a)[4],
-                                             uint64_t desc) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
-        "{%16,%17,%18,%19}, %20, 1, 1, 1, 0;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-  }
-};
-template <>
-struct WgmmaBf16Rs<48> {
-  static __device__ __forceinline__ void Run(float (&d)[24], const uint32_t (&a)[4],
-                                             uint64_t desc) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, "
-        "{%24,%25,%26,%27}, %28, 1, 1, 1, 0;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-          "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-  }
-};
-template <>
-struct WgmmaBf16Rs<64> {
-  static __device__ __forceinline__ void Run(float (&d)[32], const uint32_t (&a)[4],
-                                             uint64_t desc) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%"
-        "24,%25,%26,%27,%28,%29,%30,%31}, "
-        "{%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-  }
-};
 
-template <>
-struct WgmmaBf16Rs<80> {
-  static __device__ __forceinline__ void Run(float (&d)[40], const uint32_t (&a)[4],
-                                             uint64_t desc) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%"
-        "24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}, "
-        "{%40,%41,%42,%43}, %44, 1, 1, 1, 0;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-  }
-};
+// Accumulator operands d[4k] .. d[4k + 3] of a wgmma's asm statement.
+#define GCMOE_WGMMA_D4(k) \
+  "+f"(d[4 * (k)]), "+f"(d[4 * (k) + 1]), "+f"(d[4 * (k) + 2]), "+f"(d[4 * (k) + 3])
+#define GCMOE_WGMMA_D8(k) GCMOE_WGMMA_D4(2 * (k)), GCMOE_WGMMA_D4(2 * (k) + 1)
+// D_TEXT lists the N / 2 accumulators, "%0,%1,..."; A_TEXT the A registers and the descriptor,
+// the next five operands.
+#define GCMOE_WGMMA_BF16_RS(N, D_TEXT, A_TEXT, ...)                                       \
+  template <>                                                                             \
+  struct WgmmaBf16Rs<N> {                                                                 \
+    static __device__ __forceinline__ void Run(float (&d)[N / 2], const uint32_t (&a)[4], \
+                                               uint64_t desc) {                           \
+      asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" D_TEXT    \
+                   "}, " A_TEXT ", 1, 1, 1, 0;\n"                                         \
+                   : __VA_ARGS__                                                          \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));              \
+    }                                                                                     \
+  };
+
+GCMOE_WGMMA_BF16_RS(8, "%0,%1,%2,%3", "{%4,%5,%6,%7}, %8", GCMOE_WGMMA_D4(0))
+GCMOE_WGMMA_BF16_RS(16, "%0,%1,%2,%3,%4,%5,%6,%7", "{%8,%9,%10,%11}, %12", GCMOE_WGMMA_D8(0))
+GCMOE_WGMMA_BF16_RS(24, "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11", "{%12,%13,%14,%15}, %16",
+                    GCMOE_WGMMA_D8(0), GCMOE_WGMMA_D4(2))
+GCMOE_WGMMA_BF16_RS(32, "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15",
+                    "{%16,%17,%18,%19}, %20", GCMOE_WGMMA_D8(0), GCMOE_WGMMA_D8(1))
+GCMOE_WGMMA_BF16_RS(40, "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19",
+                    "{%20,%21,%22,%23}, %24", GCMOE_WGMMA_D8(0), GCMOE_WGMMA_D8(1),
+                    GCMOE_WGMMA_D4(4))
+GCMOE_WGMMA_BF16_RS(
+    48, "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23",
+    "{%24,%25,%26,%27}, %28", GCMOE_WGMMA_D8(0), GCMOE_WGMMA_D8(1), GCMOE_WGMMA_D8(2))
+GCMOE_WGMMA_BF16_RS(56,
+                    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,"
+                    "%22,%23,%24,%25,%26,%27",
+                    "{%28,%29,%30,%31}, %32", GCMOE_WGMMA_D8(0), GCMOE_WGMMA_D8(1),
+                    GCMOE_WGMMA_D8(2), GCMOE_WGMMA_D4(6))
+GCMOE_WGMMA_BF16_RS(64,
+                    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,"
+                    "%22,%23,%24,%25,%26,%27,%28,%29,%30,%31",
+                    "{%32,%33,%34,%35}, %36", GCMOE_WGMMA_D8(0), GCMOE_WGMMA_D8(1),
+                    GCMOE_WGMMA_D8(2), GCMOE_WGMMA_D8(3))
+GCMOE_WGMMA_BF16_RS(72,
+                    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,"
+                    "%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35",
+                    "{%36,%37,%38,%39}, %40", GCMOE_WGMMA_D8(0), GCMOE_WGMMA_D8(1),
+                    GCMOE_WGMMA_D8(2), GCMOE_WGMMA_D8(3), GCMOE_WGMMA_D4(8))
+GCMOE_WGMMA_BF16_RS(80,
+                    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,"
+                    "%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39",
+                    "{%40,%41,%42,%43}, %44", GCMOE_WGMMA_D8(0), GCMOE_WGMMA_D8(1),
+                    GCMOE_WGMMA_D8(2), GCMOE_WGMMA_D8(3), GCMOE_WGMMA_D8(4))
+#undef GCMOE_WGMMA_BF16_RS
+#undef GCMOE_WGMMA_D8
+#undef GCMOE_WGMMA_D4
 
 }  // namespace gcmoe::kernels
