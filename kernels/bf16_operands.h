@@ -56,6 +56,19 @@ GCMOE_HOST_DEVICE inline uint32_t BiasedScaleBytePair(uint32_t biased, int b) {
 #endif
   return v << 7;
 }
+// Both rows' multipliers of a K32 block in one register: bytes 2 half (row g) and 2 half + 1
+// (row g + 8) of the biased word as the exponent fields of the low and the high half. Each row's
+// registers are multiplied by its half (MulBf16x2ByHalf): one byte permute and one shift per block
+// for both rows, where BiasedScaleBytePair needs them per row.
+GCMOE_HOST_DEVICE inline uint32_t BiasedScaleRowPair(uint32_t biased, int half) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t v = __byte_perm(biased, 0u, 0x4040u | ((2 * half + 1) << 8) | (2 * half));
+#else
+  const uint32_t v =
+      ((biased >> (16 * half)) & 0xFFu) | (((biased >> (16 * half + 8)) & 0xFFu) << 16);
+#endif
+  return v << 7;
+}
 
 // Activations: the E4M3 decode times 2^120, then times the UE8M0 scale (codes >= 1; this
 // engine's quantizers write >= 105), two multiplies so that no multiplier leaves BF16's range.
@@ -110,25 +123,45 @@ GCMOE_HOST_DEVICE inline uint32_t MulBf16x2(uint32_t a, uint32_t b) {
 #endif
 }
 
+// d = a * (half h of m in both halves), per BF16 half: the multiply's operand selector
+// (.H0_H0 / .H1_H1 in SASS) where ptxas folds the half's broadcast into it.
+GCMOE_HOST_DEVICE inline uint32_t MulBf16x2ByHalf(uint32_t a, uint32_t m, int h) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  if (h == 0) {
+    asm("{\n.reg .b16 lo, hi;\n.reg .b32 b;\nmov.b32 {lo, hi}, %2;\nmov.b32 b, {lo, lo};\n"
+        "mul.rn.bf16x2 %0, %1, b;\n}"
+        : "=r"(d)
+        : "r"(a), "r"(m));
+  } else {
+    asm("{\n.reg .b16 lo, hi;\n.reg .b32 b;\nmov.b32 {lo, hi}, %2;\nmov.b32 b, {hi, hi};\n"
+        "mul.rn.bf16x2 %0, %1, b;\n}"
+        : "=r"(d)
+        : "r"(a), "r"(m));
+  }
+  return d;
+#else
+  const uint32_t half = (m >> (16 * h)) & 0xFFFFu;
+  return MulBf16x2(a, half * 0x00010001u);
+#endif
+}
+
 // One weight row's 8 values of a K32 block as exact BF16 (four BF16x2 registers, in MMA column
 // order: the block's logical positions 4t..4t+3, then 16+4t..16+4t+3, of lane t), from its codes
-// and its multiplier (BiasedScaleBytePair). kFp4: words[0] is the row's E2M1 lane word
-// (TileFormat::kE2M1Bf16); otherwise words[0], words[1] are its E4M3 low and high runs. Register
-// i is the A fragment's register of K16 step i / 2 at columns 2t (i even) or 2t + 8 (i odd).
+// and its multiplier, half `h` of `multipliers` (BiasedScaleRowPair; BiasedScaleBytePair's two
+// halves are the same). kFp4: words[0] is the row's E2M1 lane word (TileFormat::kE2M1Bf16);
+// otherwise words[0], words[1] are its E4M3 low and high runs. Register i is the A fragment's
+// register of K16 step i / 2 at columns 2t (i even) or 2t + 8 (i odd).
 template <bool kFp4>
-GCMOE_HOST_DEVICE inline void DecodeWeightUnit(const uint32_t* words, uint32_t multiplier,
-                                               uint32_t (&unit)[4]) {
+GCMOE_HOST_DEVICE inline void DecodeWeightUnit(const uint32_t* words, uint32_t multipliers,
+                                               uint32_t (&unit)[4], int h = 0) {
   if constexpr (kFp4) {
     const Bf16Quad q = DecodeE2m1Bf16Word(words[0]);
-    unit[0] = MulBf16x2(q.r[0], multiplier);
-    unit[1] = MulBf16x2(q.r[1], multiplier);
-    unit[2] = MulBf16x2(q.r[2], multiplier);
-    unit[3] = MulBf16x2(q.r[3], multiplier);
+    for (int i = 0; i < 4; ++i) unit[i] = MulBf16x2ByHalf(q.r[i], multipliers, h);
   } else {
-    unit[0] = MulBf16x2(E4m3PairToBf16(words[0], 0), multiplier);
-    unit[1] = MulBf16x2(E4m3PairToBf16(words[0], 1), multiplier);
-    unit[2] = MulBf16x2(E4m3PairToBf16(words[1], 0), multiplier);
-    unit[3] = MulBf16x2(E4m3PairToBf16(words[1], 1), multiplier);
+    for (int i = 0; i < 4; ++i) {
+      unit[i] = MulBf16x2ByHalf(E4m3PairToBf16(words[i / 2], i % 2), multipliers, h);
+    }
   }
 }
 
@@ -143,9 +176,9 @@ GCMOE_HOST_DEVICE inline void DecodeBlockFragments(const uint32_t* words, uint32
                                                    int kb, uint32_t (&a)[2][4]) {
   uint32_t row_g[4];
   uint32_t row_g8[4];
-  DecodeWeightUnit<kFp4>(&words[0], BiasedScaleBytePair(scale_word, (kb & 1) * 2), row_g);
-  DecodeWeightUnit<kFp4>(&words[kFp4 ? 1 : 2], BiasedScaleBytePair(scale_word, (kb & 1) * 2 + 1),
-                         row_g8);
+  const uint32_t multipliers = BiasedScaleRowPair(scale_word, kb & 1);
+  DecodeWeightUnit<kFp4>(&words[0], multipliers, row_g, 0);
+  DecodeWeightUnit<kFp4>(&words[kFp4 ? 1 : 2], multipliers, row_g8, 1);
   for (int h = 0; h < 2; ++h) {
     a[h][0] = row_g[2 * h];
     a[h][1] = row_g8[2 * h];

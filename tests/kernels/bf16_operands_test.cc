@@ -66,6 +66,10 @@ TEST(Bf16Operands, ScaleBytePairIsTwoToTheCodePlusBias) {
               << std::hex << "word " << word << std::dec << " byte " << b << " bias " << bias;
           ASSERT_EQ(Half(pair, 1), want)
               << std::hex << "word " << word << std::dec << " byte " << b << " bias " << bias;
+          // The same multiplier as half b % 2 of the row pair of bytes b & ~1, b | 1.
+          const uint32_t rows = BiasedScaleRowPair(BiasScaleBytes(word, bias), b / 2);
+          ASSERT_EQ(Half(rows, b % 2), want)
+              << std::hex << "word " << word << std::dec << " byte " << b << " bias " << bias;
         }
       }
     }
