@@ -33,13 +33,16 @@ GCMOE_HOST_DEVICE inline uint32_t E4m3PairToBf16(uint32_t word, int j) {
 GCMOE_HOST_DEVICE constexpr uint32_t Bf16PowerPair(uint32_t field) { return field * 0x00800080u; }
 
 // The multipliers that make decoded weights exact: UE8M0 code c plus `bias` as the BF16 exponent
-// field, i.e. 2^(c - 127) times 2^126 (E2M1, bias 126) or 2^120 (E4M3, bias 120), in both
-// halves. Valid while c + bias <= 254: codes up to MaxBf16ScaleCode. A scale word holds four
-// codes: BiasScaleBytes adds `bias` to every byte at once (no byte carries into the next, as every
-// code is in range: the load shifts larger ones, StepHeader::scale_shift), and
-// BiasedScaleBytePair takes byte b of the result into both halves' exponent fields. A byte
-// permute and a shift per multiplier, which ptxas issues on the FMA pipe (IMAD.SHL); adding the
-// bias per multiplier instead made it an ALU LEA.
+// field, i.e. 2^(c - 127) times 2^126 (E2M1, bias 126) or 2^120 (E4M3, bias 120). Valid while
+// c + bias <= 254: codes up to MaxBf16ScaleCode. A scale word holds four codes, rows g and g + 8 of
+// two K32 blocks: BiasScaleBytes adds `bias` to every byte at once (no byte carries into the next,
+// as every code is in range: the load shifts larger ones, StepHeader::scale_shift), and
+// BiasedScaleRowPair takes bytes 2 half (row g) and 2 half + 1 (row g + 8) of the result into the
+// exponent fields of the low and the high half: one byte permute and one shift for both rows of a
+// block, which ptxas issues on the FMA pipe (IMAD.SHL; adding the bias per multiplier made it an
+// ALU LEA). Each row's registers are multiplied by its half (MulBf16x2ByHalf); one permute and
+// shift per row, each byte in both halves, cost two more instructions per block (1.01-1.03x,
+// docs/PERFORMANCE.md, session 20).
 inline constexpr uint32_t kE2m1Bf16ScaleBias = 126;
 inline constexpr uint32_t kE4m3Bf16ScaleBias = 120;
 GCMOE_HOST_DEVICE constexpr int MaxBf16ScaleCode(uint32_t bias) {
@@ -48,18 +51,6 @@ GCMOE_HOST_DEVICE constexpr int MaxBf16ScaleCode(uint32_t bias) {
 GCMOE_HOST_DEVICE constexpr uint32_t BiasScaleBytes(uint32_t word, uint32_t bias) {
   return word + bias * 0x01010101u;
 }
-GCMOE_HOST_DEVICE inline uint32_t BiasedScaleBytePair(uint32_t biased, int b) {
-#if defined(__CUDA_ARCH__)
-  const uint32_t v = __byte_perm(biased, 0u, 0x4040u | (b << 8) | b);  // the byte in both halves
-#else
-  const uint32_t v = ((biased >> (8 * b)) & 0xFFu) * 0x00010001u;
-#endif
-  return v << 7;
-}
-// Both rows' multipliers of a K32 block in one register: bytes 2 half (row g) and 2 half + 1
-// (row g + 8) of the biased word as the exponent fields of the low and the high half. Each row's
-// registers are multiplied by its half (MulBf16x2ByHalf): one byte permute and one shift per block
-// for both rows, where BiasedScaleBytePair needs them per row.
 GCMOE_HOST_DEVICE inline uint32_t BiasedScaleRowPair(uint32_t biased, int half) {
 #if defined(__CUDA_ARCH__)
   const uint32_t v = __byte_perm(biased, 0u, 0x4040u | ((2 * half + 1) << 8) | (2 * half));
@@ -148,10 +139,10 @@ GCMOE_HOST_DEVICE inline uint32_t MulBf16x2ByHalf(uint32_t a, uint32_t m, int h)
 
 // One weight row's 8 values of a K32 block as exact BF16 (four BF16x2 registers, in MMA column
 // order: the block's logical positions 4t..4t+3, then 16+4t..16+4t+3, of lane t), from its codes
-// and its multiplier, half `h` of `multipliers` (BiasedScaleRowPair; BiasedScaleBytePair's two
-// halves are the same). kFp4: words[0] is the row's E2M1 lane word (TileFormat::kE2M1Bf16);
-// otherwise words[0], words[1] are its E4M3 low and high runs. Register i is the A fragment's
-// register of K16 step i / 2 at columns 2t (i even) or 2t + 8 (i odd).
+// and its multiplier, half `h` of `multipliers` (BiasedScaleRowPair). kFp4: words[0] is the row's
+// E2M1 lane word (TileFormat::kE2M1Bf16); otherwise words[0], words[1] are its E4M3 low and high
+// runs. Register i is the A fragment's register of K16 step i / 2 at columns 2t (i even) or 2t + 8
+// (i odd).
 template <bool kFp4>
 GCMOE_HOST_DEVICE inline void DecodeWeightUnit(const uint32_t* words, uint32_t multipliers,
                                                uint32_t (&unit)[4], int h = 0) {

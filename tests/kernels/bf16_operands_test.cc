@@ -45,7 +45,7 @@ TEST(Bf16Operands, E4m3PairDecodesEveryCodeInEverySlot) {
 
 // Every in-range code in every byte of a scale word, the other three bytes random in-range
 // codes or all at the largest (the most a lower byte can carry), as the kernel biases them.
-TEST(Bf16Operands, ScaleBytePairIsTwoToTheCodePlusBias) {
+TEST(Bf16Operands, ScaleRowPairIsTwoToTheCodePlusBias) {
   std::mt19937 rng(22);
   for (const uint32_t bias : {kE2m1Bf16ScaleBias, kE4m3Bf16ScaleBias}) {
     const int max_code = MaxBf16ScaleCode(bias);
@@ -60,16 +60,15 @@ TEST(Bf16Operands, ScaleBytePairIsTwoToTheCodePlusBias) {
                                             : any(rng);
             word |= c << (8 * o);
           }
-          const uint32_t pair = BiasedScaleBytePair(BiasScaleBytes(word, bias), b);
-          const float want = std::ldexp(1.0f, code + static_cast<int>(bias) - 127);
-          ASSERT_EQ(Half(pair, 0), want)
-              << std::hex << "word " << word << std::dec << " byte " << b << " bias " << bias;
-          ASSERT_EQ(Half(pair, 1), want)
-              << std::hex << "word " << word << std::dec << " byte " << b << " bias " << bias;
-          // The same multiplier as half b % 2 of the row pair of bytes b & ~1, b | 1.
+          // Byte b is half b % 2 of the row pair of bytes b & ~1, b | 1.
           const uint32_t rows = BiasedScaleRowPair(BiasScaleBytes(word, bias), b / 2);
+          const float want = std::ldexp(1.0f, code + static_cast<int>(bias) - 127);
           ASSERT_EQ(Half(rows, b % 2), want)
               << std::hex << "word " << word << std::dec << " byte " << b << " bias " << bias;
+          // Multiplying by that half multiplies both halves of a register by it.
+          const uint32_t product = MulBf16x2ByHalf(0x3FC03F80u, rows, b % 2);  // 1.5, 1.0
+          ASSERT_EQ(Half(product, 0), want);
+          ASSERT_EQ(Half(product, 1), 1.5f * want);
         }
       }
     }
@@ -84,9 +83,10 @@ TEST(Bf16Operands, E2m1WeightTimesScaleIsExact) {
     const uint8_t hi[4] = {3, 7, static_cast<uint8_t>(code), 12};
     const uint32_t reg = DecodeE2m1Bf16Word(PlaceE2m1Bf16Word(lo, hi)).r[0];
     for (int scale = 0; scale <= MaxBf16ScaleCode(kE2m1Bf16ScaleBias); ++scale) {
-      const uint32_t product = MulBf16x2(
+      const uint32_t product = MulBf16x2ByHalf(
           reg,
-          BiasedScaleBytePair(BiasScaleBytes(static_cast<uint32_t>(scale), kE2m1Bf16ScaleBias), 0));
+          BiasedScaleRowPair(BiasScaleBytes(static_cast<uint32_t>(scale), kE2m1Bf16ScaleBias), 0),
+          0);
       const double unit = numerics::DecodeUE8M0(static_cast<uint8_t>(scale));
       ASSERT_EQ(Half(product, 0), numerics::DecodeE2M1(lo[0]) * unit) << code << " " << scale;
       ASSERT_EQ(Half(product, 1), numerics::DecodeE2M1(lo[1]) * unit) << code << " " << scale;
@@ -100,9 +100,10 @@ TEST(Bf16Operands, E4m3WeightTimesScaleIsExact) {
     if (IsE4m3Nan(code)) continue;
     const uint32_t reg = E4m3PairToBf16(code | (0x38u << 8), 0);  // 0x38: 1.0 in the high half
     for (int scale = 0; scale <= MaxBf16ScaleCode(kE4m3Bf16ScaleBias); ++scale) {
-      const uint32_t product = MulBf16x2(
+      const uint32_t product = MulBf16x2ByHalf(
           reg,
-          BiasedScaleBytePair(BiasScaleBytes(static_cast<uint32_t>(scale), kE4m3Bf16ScaleBias), 0));
+          BiasedScaleRowPair(BiasScaleBytes(static_cast<uint32_t>(scale), kE4m3Bf16ScaleBias), 0),
+          0);
       const double unit = numerics::DecodeUE8M0(static_cast<uint8_t>(scale));
       const double want = numerics::DecodeE4M3(static_cast<uint8_t>(code)) * unit;
       // Products finer than BF16's subnormal grid (weights near 1e-40) cannot be exact.
@@ -126,8 +127,8 @@ TEST(Bf16Operands, WeightUnitIsTheExactScaledCodesInStepColumnOrder) {
     for (int e = 0; e < 4; ++e) lo[e] = rng() % 16, hi[e] = rng() % 16;
     const uint32_t fp4_word = PlaceE2m1Bf16Word(lo, hi);
     uint32_t fp4[4];
-    DecodeWeightUnit<true>(&fp4_word,
-                           BiasedScaleBytePair(BiasScaleBytes(scale, kE2m1Bf16ScaleBias), 0), fp4);
+    DecodeWeightUnit<true>(
+        &fp4_word, BiasedScaleRowPair(BiasScaleBytes(scale, kE2m1Bf16ScaleBias), 0), fp4, 0);
     uint8_t e4m3_codes[8];
     uint32_t runs[2] = {};
     for (int e = 0; e < 8; ++e) {
@@ -137,8 +138,8 @@ TEST(Bf16Operands, WeightUnitIsTheExactScaledCodesInStepColumnOrder) {
       runs[e / 4] |= static_cast<uint32_t>(e4m3_codes[e]) << (8 * (e % 4));
     }
     uint32_t e4m3[4];
-    DecodeWeightUnit<false>(runs, BiasedScaleBytePair(BiasScaleBytes(scale, kE4m3Bf16ScaleBias), 0),
-                            e4m3);
+    DecodeWeightUnit<false>(runs, BiasedScaleRowPair(BiasScaleBytes(scale, kE4m3Bf16ScaleBias), 0),
+                            e4m3, 0);
     const double unit = numerics::DecodeUE8M0(static_cast<uint8_t>(scale));
     for (int e = 0; e < 8; ++e) {
       const uint8_t code = e < 4 ? lo[e] : hi[e - 4];
