@@ -145,7 +145,7 @@ GCMOE_HOST_DEVICE inline uint32_t MulBf16x2ByHalf(uint32_t a, uint32_t m, int h)
 // (i odd).
 template <bool kFp4>
 GCMOE_HOST_DEVICE inline void DecodeWeightUnit(const uint32_t* words, uint32_t multipliers,
-                                               uint32_t (&unit)[4], int h = 0) {
+                                               uint32_t (&unit)[4], int h) {
   if constexpr (kFp4) {
     const Bf16Quad q = DecodeE2m1Bf16Word(words[0]);
     for (int i = 0; i < 4; ++i) unit[i] = MulBf16x2ByHalf(q.r[i], multipliers, h);

@@ -244,7 +244,8 @@ struct WgmmaE4m3<64> {
 template <int N>
 struct WgmmaBf16Rs;
 
-// Accumulator operands d[4k] .. d[4k + 3] of a wgmma's asm statement.
+// Accumulator operands d[4k] .. d[4k + 3] of a wgmma's asm statement (also for the wgmma forms
+// that only bench/gpu/wgmma_overlap times).
 #define GCMOE_WGMMA_D4(k) \
   "+f"(d[4 * (k)]), "+f"(d[4 * (k) + 1]), "+f"(d[4 * (k) + 2]), "+f"(d[4 * (k) + 3])
 #define GCMOE_WGMMA_D8(k) GCMOE_WGMMA_D4(2 * (k)), GCMOE_WGMMA_D4(2 * (k) + 1)
@@ -295,7 +296,5 @@ GCMOE_WGMMA_BF16_RS(80,
                     "{%40,%41,%42,%43}, %44", GCMOE_WGMMA_D8(0), GCMOE_WGMMA_D8(1),
                     GCMOE_WGMMA_D8(2), GCMOE_WGMMA_D8(3), GCMOE_WGMMA_D8(4))
 #undef GCMOE_WGMMA_BF16_RS
-#undef GCMOE_WGMMA_D8
-#undef GCMOE_WGMMA_D4
 
 }  // namespace gcmoe::kernels
