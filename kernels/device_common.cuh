@@ -163,17 +163,6 @@ __device__ __forceinline__ float InverseScale(uint32_t code) {
   const int e = 127 - static_cast<int>(code);  // [-127, 127]
   return __uint_as_float(e >= -126 ? static_cast<uint32_t>(e + 127) << 23 : 0x00400000u);
 }
-// ceil(log2(max(amax, 1e-4) / fmt_max)) clamped to [-127, 127], as a UE8M0 code. The ratio is
-// always a normal float here (>= 1e-4 / 448), so its exponent field gives the ceiling.
-__device__ __forceinline__ uint32_t BlockScaleCode(float amax, float fmt_max) {
-  const float floored = amax > 1e-4f ? amax : 1e-4f;
-  const float ratio = __fdiv_rn(floored, fmt_max);
-  const uint32_t bits = __float_as_uint(ratio) & 0x7FFFFFFFu;
-  int e =
-      bits >= 0x7F800000u ? 127 : static_cast<int>(bits >> 23) - 127 + ((bits & 0x7FFFFFu) ? 1 : 0);
-  e = e < -127 ? -127 : (e > 127 ? 127 : e);
-  return static_cast<uint32_t>(e + 127);
-}
 // Round to nearest even, saturate to +-448 (cvt.rn.satfinite).
 __device__ __forceinline__ uint32_t EncodeE4m3(float v) {
   return static_cast<uint32_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));

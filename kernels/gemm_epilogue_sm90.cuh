@@ -37,7 +37,7 @@ __device__ __forceinline__ void SwigluEpilogue(const LayerParams& p, RedAt red, 
     float amax = fabsf(h);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-    const uint32_t code = BlockScaleCode(amax, 448.0f);
+    const uint32_t code = E4m3BlockScaleCode(amax);
     const uint32_t e4m3 = EncodeE4m3(__fmul_rn(h, InverseScale(code)));
     if constexpr (kBf16Out) {
       const uint32_t value =

@@ -121,7 +121,7 @@ __device__ __forceinline__ void QuantizeBlock(const void* hidden, const uint8_t*
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
-  const uint32_t code = BlockScaleCode(amax, 448.0f);
+  const uint32_t code = E4m3BlockScaleCode(amax);
   const float inverse = InverseScale(code);
   uint32_t packed[8];
 #pragma unroll

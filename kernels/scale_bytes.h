@@ -20,6 +20,30 @@ GCMOE_HOST_DEVICE inline float FloatFromBits(uint32_t bits) {
 #endif
 }
 
+GCMOE_HOST_DEVICE inline uint32_t BitsFromFloat(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+#endif
+}
+
+// The UE8M0 code of an E4M3 block, ceil(log2(max(amax, 1e-4) / 448)) (DESIGN.md §4; a NaN amax
+// takes the floor), without the division. With max(amax, 1e-4) = m 2^E, m in [1, 2), the
+// quotient is (m / 1.75) 2^(E - 8), and its nearest float is a power of two only when m = 1.75:
+// any other m is at least 2^-23 from 1.75, and 2^-23 / 1.75 is more than half an ulp of 1 on
+// either side, so the quotient lies strictly between 2^(E - 9) and 2^(E - 8) for m < 1.75 and
+// between 2^(E - 8) and 2^(E - 7) for m > 1.75. Its ceiling is E - 8 + (m > 1.75): codes 105
+// (the floor) to 247, or 254 for an infinite amax. engine/numerics BlockScaleCode, which
+// divides, is its test.
+GCMOE_HOST_DEVICE inline uint32_t E4m3BlockScaleCode(float amax) {
+  const uint32_t bits = BitsFromFloat(amax > 1e-4f ? amax : 1e-4f);
+  if (bits >= 0x7F800000u) return 254;
+  return (bits >> 23) - 8 + ((bits & 0x7FFFFFu) > 0x600000u ? 1u : 0u);
+}
+
 // Byte b (0..3; a compile-time constant in the hot loops) of `word` in a float's exponent field:
 // the bits of 2^(code-127) for codes 1..254, and 0 for code 0. Two instructions.
 GCMOE_HOST_DEVICE constexpr uint32_t ScaleByteAsExponent(uint32_t word, int b) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <random>
 
@@ -44,6 +45,28 @@ TEST(ScaleBytes, ActivationScaleDecodesEveryNonzeroCode) {
   // Code 0 is the one it gets wrong; the quantizers never write it (their floor, below).
   EXPECT_EQ(ActivationScale(0u, 0), 0.0f);
   EXPECT_GT(numerics::BlockScaleCode(0.0f, numerics::kE4M3Max), 0);
+}
+
+// The division-free E4M3 block scale code against engine/numerics' division: every exponent
+// an amax can have, the mantissas around 1.75 (where the ceiling steps) and random ones, the
+// floor, Inf and NaN.
+TEST(ScaleBytes, E4m3BlockScaleCodeMatchesTheDivision) {
+  std::mt19937 rng(13);
+  const auto check = [](uint32_t bits) {
+    const float amax = std::bit_cast<float>(bits);
+    ASSERT_EQ(E4m3BlockScaleCode(amax), numerics::BlockScaleCode(amax, numerics::kE4M3Max))
+        << std::hex << "amax bits 0x" << bits;
+  };
+  for (uint32_t exponent = 0; exponent <= 254; ++exponent) {
+    for (int32_t d = -64; d <= 64; ++d) check(exponent << 23 | static_cast<uint32_t>(0x600000 + d));
+    for (uint32_t m : {0u, 1u, 0x400000u, 0x7FFFFFu}) check(exponent << 23 | m);
+    for (int trial = 0; trial < 256; ++trial) {
+      check(exponent << 23 | (static_cast<uint32_t>(rng()) & 0x7FFFFFu));
+    }
+  }
+  for (uint32_t special : {0x7F800000u, 0x7FC00000u, 0x80000000u, 0xBF800000u}) check(special);
+  EXPECT_EQ(E4m3BlockScaleCode(448.0f), 127u);
+  EXPECT_EQ(E4m3BlockScaleCode(std::nextafter(448.0f, 1e38f)), 128u);
 }
 
 }  // namespace
