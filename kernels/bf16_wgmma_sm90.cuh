@@ -63,10 +63,12 @@ __host__ __device__ constexpr int WideTokenRows(bool has_shared) {
 __host__ __device__ constexpr int WideTokenHalfBytes(bool has_shared) {
   return WideTokenRows(has_shared) * 128;
 }
-// A warpgroup's results as BF16, red[weight row 0..63][token] (pitch in values, padded against
-// conflicts), written over the stage of the task's last chunk once both warpgroups are done with
-// it: exact, as both epilogues round each result to BF16 first (gemm_epilogue_sm90.cuh).
-inline constexpr int kWideRedPitch = kWideN + 8;
+// A warpgroup's results as BF16, red[weight row 0..63][token], written over the stage of the
+// task's last chunk once both warpgroups are done with it: exact, as both epilogues round each
+// result to BF16 first (gemm_epilogue_sm90.cuh). The pitch, 45 words (odd), spreads the
+// epilogues' reads over the banks: the W1 epilogue's rows 4p + i of eight lanes p and the
+// scatter's rows 2l + i of 32 lanes l (44 words put them 4- and 8-way on one bank).
+inline constexpr int kWideRedPitch = kWideN + 10;
 inline constexpr int kWideRedBytes = kWideGroups * kTileRows * kWideRedPitch * 2;
 
 // A stage: the token rows, then the chunks of both tiles, padded to the swizzle atom.

@@ -167,6 +167,11 @@ __device__ __forceinline__ float InverseScale(uint32_t code) {
 __device__ __forceinline__ uint32_t EncodeE4m3(float v) {
   return static_cast<uint32_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
+// The same for two values, `lo` in the low byte: one cvt.rn.satfinite.e4m3x2.f32.
+__device__ __forceinline__ uint32_t EncodeE4m3x2(float lo, float hi) {
+  return static_cast<uint32_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
+}
 __device__ __forceinline__ float RoundBf16(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }

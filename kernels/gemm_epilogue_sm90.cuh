@@ -1,7 +1,7 @@
-// The two epilogues of a role2 task (DESIGN.md §4 steps 3-4), shared by both sm90 grouped-GEMM
-// kernels. Each reads the task's FP32 tile results through `red(row, token)` (row 0..63 of the
-// 64-row weight tile) after a barrier that made them visible, with warps 0..kWarps-1 of the
-// calling threads taking one token each in turn.
+// The two epilogues of a role2 task (DESIGN.md §4 steps 3-4), shared by the sm90 grouped-GEMM
+// kernels. Each reads the task's tile results, rounded to BF16, through `red(row, token)` (row
+// 0..63 of the 64-row weight tile) after a barrier that made them visible; warps 0..kWarps-1 of
+// the calling threads take the tokens in passes.
 #pragma once
 
 #include <cstdint>
@@ -11,51 +11,128 @@
 
 namespace gcmoe::kernels {
 
-// W1 (steps 3 and 4a): a = BF16(W1 x); h = ((g' sigmoid(a g')) u') w; E4M3 per 32 features.
-// Warp per token, lane per feature: the warp's 32 lanes are one scale block of h. Tile rows
-// 0..31 are the gate features, 32..63 the matching up features (weight_tiles_sm90.h). With
-// kBf16Out (the bf16 role2, LayerParams::act_bf16) the quantized h is stored as that kernel
-// reads it: the exact BF16 of code x scale, in block column order (bf16_operands.h), 2 bytes
-// per feature and no scale array.
-template <int kWarps, bool kBf16Out = false, typename RedAt>
-__device__ __forceinline__ void SwigluEpilogue(const LayerParams& p, RedAt red, int rows, int tile,
-                                               int inter, const RowMeta* meta, uint8_t* h_q,
-                                               uint8_t* h_s) {
+// The warps' token passes. Per-token work (the routing metadata, the block scale, the address)
+// is the same for every lane that works on the token, so a pass may give a warp several tokens
+// at once, and each lane's metadata is loaded once per 32 lanes' worth of passes and handed to
+// the lanes that use it by shuffle, instead of one dependent global load per token and pass.
+inline constexpr uint32_t kFullWarp = 0xFFFFFFFFu;
+
+// W1 (steps 3 and 4a) with kTokens tokens per pass and warp: 32 / kTokens lanes per token, each
+// with kTokens adjacent features (kTokens (lane % (32 / kTokens)) ..), so that the block's amax
+// is a reduction over those lanes and the lane's codes are one store per feature pair.
+template <int kTokens, int kWarps, bool kBf16Out, typename RedAt>
+__device__ __forceinline__ void SwigluPasses(const LayerParams& p, RedAt red, int rows, int tile,
+                                             int inter, const RowMeta* meta, uint8_t* h_q,
+                                             uint8_t* h_s) {
+  constexpr int kLanes = 32 / kTokens;           // per token
+  constexpr int kPreload = 32 / kTokens;         // passes whose weights one load covers
   const int warp = (threadIdx.x >> 5) % kWarps;  // within the calling warpgroup(s)
   const int lane = threadIdx.x & 31;
-  for (int n = warp; n < rows; n += kWarps) {
-    float gate = RoundBf16(red(lane, n));
-    float up = RoundBf16(red(32 + lane, n));
-    if (p.dims.has_clamp) {
-      gate = fminf(gate, p.dims.clamp);
-      up = fmaxf(fminf(up, p.dims.clamp), -p.dims.clamp);
+  const int group = lane / kLanes;           // the pass's token: first + group
+  const int f0 = kTokens * (lane % kLanes);  // the lane's features f0 .. f0 + kTokens - 1
+  const int stride = kTokens * kWarps;       // tokens per pass of all warps
+  float weights = 1.0f;  // lane l: the routing weight of token l % kTokens of pass l / kTokens
+  for (int pass = 0, first = kTokens * warp; first < rows; ++pass, first += stride) {
+    if (meta != nullptr && pass % kPreload == 0) {
+      const int m = first + stride * (lane / kTokens) + lane % kTokens;
+      weights = m < rows ? __ldcg(&meta[m].weight) : 0.0f;
     }
-    const float weight = meta != nullptr ? __ldcg(&meta[n].weight) : 1.0f;
-    // Rounded operations, never contracted, in the CPU's order.
-    const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(p.dims.alpha, gate))));
-    const float h = __fmul_rn(__fmul_rn(__fmul_rn(gate, sig), up), weight);
-    float amax = fabsf(h);
+    const int n = first + group;
+    const int n_read = n < rows ? n : rows - 1;  // a token past the block: its lanes store nothing
+    float h[kTokens];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-    const uint32_t code = E4m3BlockScaleCode(amax);
-    const uint32_t e4m3 = EncodeE4m3(__fmul_rn(h, InverseScale(code)));
-    if constexpr (kBf16Out) {
-      const uint32_t value =
-          MulBf16x2(MulBf16x2(E4m3PairToBf16(e4m3, 0), kE4m3Bf16Undo), Bf16PowerPair(code));
-      reinterpret_cast<uint16_t*>(
-          h_q)[static_cast<int64_t>(n) * inter + tile * 32 + Bf16BlockColumn(lane, p.act_bf16)] =
-          static_cast<uint16_t>(value);
-    } else {
-      h_q[static_cast<int64_t>(n) * inter + tile * 32 + lane] = static_cast<uint8_t>(e4m3);
-      if (lane == 0) {
-        h_s[static_cast<int64_t>(n) * (inter / 32) + tile] = static_cast<uint8_t>(code);
+    for (int i = 0; i < kTokens; ++i) {
+      float gate = red(f0 + i, n_read);
+      float up = red(32 + f0 + i, n_read);
+      if (p.dims.has_clamp) {
+        gate = fminf(gate, p.dims.clamp);
+        up = fmaxf(fminf(up, p.dims.clamp), -p.dims.clamp);
       }
+      // Rounded operations, never contracted, in the CPU's order.
+      const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(p.dims.alpha, gate))));
+      h[i] = __fmul_rn(__fmul_rn(gate, sig), up);
+    }
+    // The weight last: its shuffle waits for the load, which the products above run under.
+    const float weight = meta != nullptr
+                             ? __shfl_sync(kFullWarp, weights, kTokens * (pass % kPreload) + group)
+                             : 1.0f;
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kTokens; ++i) {
+      h[i] = __fmul_rn(h[i], weight);
+      amax = fmaxf(amax, fabsf(h[i]));
+    }
+#pragma unroll
+    for (int o = kLanes / 2; o > 0; o >>= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(kFullWarp, amax, o));
+    }
+    const uint32_t code = E4m3BlockScaleCode(amax);
+    const float inverse = InverseScale(code);
+    uint32_t e4m3 = 0;  // the lane's codes, feature f0 + i in byte i
+    if constexpr (kTokens == 1) {
+      e4m3 = EncodeE4m3(__fmul_rn(h[0], inverse));
+    } else {
+#pragma unroll
+      for (int i = 0; i < kTokens; i += 2) {
+        e4m3 |= EncodeE4m3x2(__fmul_rn(h[i], inverse), __fmul_rn(h[i + 1], inverse)) << (8 * i);
+      }
+    }
+    if (n >= rows) continue;
+    if constexpr (kBf16Out) {
+      uint16_t* row =
+          reinterpret_cast<uint16_t*>(h_q) + static_cast<int64_t>(n) * inter + tile * 32;
+      const uint32_t scale = Bf16PowerPair(code);
+#pragma unroll
+      for (int j = 0; j < (kTokens + 1) / 2; ++j) {
+        const uint32_t pair = MulBf16x2(MulBf16x2(E4m3PairToBf16(e4m3, j), kE4m3Bf16Undo), scale);
+        uint16_t* at = row + Bf16BlockColumn(f0 + 2 * j, p.act_bf16);
+        if constexpr (kTokens == 1) {
+          *at = static_cast<uint16_t>(pair);
+        } else {  // features f0 + 2j and f0 + 2j + 1: adjacent in both orders
+          *reinterpret_cast<uint32_t*>(at) = pair;
+        }
+      }
+    } else {
+      uint8_t* at = h_q + static_cast<int64_t>(n) * inter + tile * 32 + f0;
+      if constexpr (kTokens == 1) {
+        *at = static_cast<uint8_t>(e4m3);
+      } else if constexpr (kTokens == 2) {
+        *reinterpret_cast<uint16_t*>(at) = static_cast<uint16_t>(e4m3);
+      } else {
+        *reinterpret_cast<uint32_t*>(at) = e4m3;
+      }
+      if (f0 == 0) h_s[static_cast<int64_t>(n) * (inter / 32) + tile] = static_cast<uint8_t>(code);
     }
   }
 }
 
+// W1 (steps 3 and 4a): a = BF16(W1 x); h = ((g' sigmoid(a g')) u') w; E4M3 per 32 features.
+// Tile rows 0..31 are the gate features, 32..63 the matching up features
+// (weight_tiles_sm90.h): one scale block of h. A warp's pass takes four tokens where the block
+// gives every warp at least one such pass, else two or one, so that a small block still spreads
+// over the warps (four at every size was 1-4 % slower at 2-32 tokens per rank). Against one token
+// a pass, the GLM-5.2 step at 64 tokens per expert took 1.05x less time (docs/PERFORMANCE.md,
+// session 21).
+// With kBf16Out (the bf16 role2, LayerParams::act_bf16) the quantized h is stored as that kernel
+// reads it: the exact BF16 of code x scale, in block column order (bf16_operands.h), 2 bytes per
+// feature and no scale array. Every value is computed by the same rounded operations as the CPU
+// backend's.
+template <int kWarps, bool kBf16Out = false, typename RedAt>
+__device__ __forceinline__ void SwigluEpilogue(const LayerParams& p, RedAt red, int rows, int tile,
+                                               int inter, const RowMeta* meta, uint8_t* h_q,
+                                               uint8_t* h_s) {
+  if (rows >= 4 * kWarps) {
+    SwigluPasses<4, kWarps, kBf16Out>(p, red, rows, tile, inter, meta, h_q, h_s);
+  } else if (rows >= 2 * kWarps) {
+    SwigluPasses<2, kWarps, kBf16Out>(p, red, rows, tile, inter, meta, h_q, h_s);
+  } else {
+    SwigluPasses<1, kWarps, kBf16Out>(p, red, rows, tile, inter, meta, h_q, h_s);
+  }
+}
+
 // W2 (step 4b): BF16 partials of the tile's 64 hidden features, two per lane, written straight
-// to the source rank's combine buffer at (token, slot): role3 only reduces.
+// to the source rank's combine buffer at (token, slot): role3 only reduces. A pass is one token a
+// warp; lane l computes the destination row of pass l (of each 32) once, from its metadata.
 template <int kWarps, typename RedAt>
 __device__ __forceinline__ void ScatterEpilogue(const LayerParams& p, RedAt red, int rows, int tile,
                                                 const RowMeta* meta, int shared_first_token) {
@@ -63,23 +140,24 @@ __device__ __forceinline__ void ScatterEpilogue(const LayerParams& p, RedAt red,
   const int lane = threadIdx.x & 31;
   const int H = p.dims.hidden;
   const int k = p.dims.top_k;
-  for (int n = warp; n < rows; n += kWarps) {
-    int token, slot, src;
-    if (meta != nullptr) {
-      const uint4 m = LdCg128(&meta[n]);
-      token = static_cast<int>(m.x);
-      slot = static_cast<int>(m.y);
-      src = static_cast<int>(m.z);
-    } else {
-      token = shared_first_token + n;
-      slot = k;
-      src = p.dims.rank;
-    }
-    const float v0 = red(2 * lane, n);
+  uint16_t* rows_at = nullptr;  // lane l: the destination of pass l of the current 32
+  for (int pass = 0, n = warp; n < rows; ++pass, n += kWarps) {
+    const int m = n + kWarps * lane;  // at pass % 32 == 0: lane l's pass
+    uint4 mm = make_uint4(0, 0, 0, 0);
+    if (pass % 32 == 0 && meta != nullptr && m < rows) mm = LdCg128(&meta[m]);
+    const float v0 = red(2 * lane, n);  // read while the metadata loads
     const float v1 = red(2 * lane + 1, n);
-    uint16_t* dst = p.peers.combine[src] + (static_cast<int64_t>(token) * (k + 1) + slot) * H +
-                    tile * kTileRows + 2 * lane;
-    *reinterpret_cast<uint32_t*>(dst) = Bf16Bits(v0) | (Bf16Bits(v1) << 16);
+    if (pass % 32 == 0 && m < rows) {
+      const bool routed = meta != nullptr;
+      const int token = routed ? static_cast<int>(mm.x) : shared_first_token + m;
+      const int slot = routed ? static_cast<int>(mm.y) : k;
+      const int src = routed ? static_cast<int>(mm.z) : p.dims.rank;
+      rows_at = p.peers.combine[src] + (static_cast<int64_t>(token) * (k + 1) + slot) * H +
+                tile * kTileRows;
+    }
+    uint16_t* dst = reinterpret_cast<uint16_t*>(
+        __shfl_sync(kFullWarp, reinterpret_cast<uintptr_t>(rows_at), pass % 32));
+    *reinterpret_cast<uint32_t*>(dst + 2 * lane) = Bf16Bits(v0) | (Bf16Bits(v1) << 16);
   }
 }
 

@@ -334,9 +334,9 @@ __global__ void __launch_bounds__(kRoleThreads, NT <= 4 ? 2 : 1)
     }
     __syncthreads();  // red complete
 
-    // Both contraction halves of a result, summed.
+    // Both contraction halves of a result, summed, as BF16 (the epilogues read a = BF16(W x)).
     auto red_at = [red](int row, int col) {
-      return red[row * RedPitch(NT) + col] + red[(kTileRows + row) * RedPitch(NT) + col];
+      return RoundBf16(red[row * RedPitch(NT) + col] + red[(kTileRows + row) * RedPitch(NT) + col]);
     };
     switch (kind) {
       case kSharedW1:

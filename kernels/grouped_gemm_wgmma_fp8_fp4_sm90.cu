@@ -62,7 +62,8 @@ using namespace stream_role2;  // the pipeline and K loops of this kernel, in th
 // red[tile row 64 s + r][token] (`pitch` values per row) complete and visible.
 // `tile_offset`: the task's tile the first of them is (the bf16-wgmma kernel's warpgroup 1 runs
 // tile 1 alone).
-// `red` holds FP32 or (uint16_t) BF16 results.
+// `red` holds FP32 or (uint16_t) BF16 results; the epilogues read each as BF16 (DESIGN.md §4:
+// a = BF16(W x)), so FP32 ones are rounded here and BF16 ones are only widened.
 template <int BM, int kTiles, bool kBf16Out, typename Red>
 __device__ __forceinline__ void TaskEpilogues(const LayerParams& p, const TaskDesc& d,
                                               const Red* red, int pitch, int tile_offset = 0) {
@@ -75,9 +76,9 @@ __device__ __forceinline__ void TaskEpilogues(const LayerParams& p, const TaskDe
     const Red* red_tile = red + s * kTileRows * pitch;
     auto red_at = [red_tile, pitch](int r, int n) {
       if constexpr (sizeof(Red) == 2) {
-        return Bf16ToFloat(red_tile[r * pitch + n]);
+        return Bf16ToFloat(red_tile[RedRowStart(r, pitch, 2) + n]);
       } else {
-        return red_tile[r * pitch + n];
+        return RoundBf16(red_tile[r * pitch + n]);
       }
     };
     const int tile = d.tile + tile_offset + s;
@@ -194,17 +195,16 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
       for (int j = 0; j < BM / 8; ++j) {
         const int col = 8 * j + 2 * t;
         const float* a = &acc[s * BM / 2 + 4 * j];
-        const auto value = [](float v) {
-          if constexpr (sizeof(Red) == 2) {
-            return static_cast<uint16_t>(Bf16Bits(v));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          Red* at = red + RedRowStart(row + 8 * h, RedPitch(BM), sizeof(Red)) + col;
+          if constexpr (sizeof(Red) == 2) {  // both tokens in one store (RedRowStart)
+            *reinterpret_cast<uint32_t*>(at) = Bf16Bits(a[2 * h]) | Bf16Bits(a[2 * h + 1]) << 16;
           } else {
-            return v;
+            at[0] = a[2 * h];
+            at[1] = a[2 * h + 1];
           }
-        };
-        red[row * RedPitch(BM) + col] = value(a[0]);
-        red[row * RedPitch(BM) + col + 1] = value(a[1]);
-        red[(row + 8) * RedPitch(BM) + col] = value(a[2]);
-        red[(row + 8) * RedPitch(BM) + col + 1] = value(a[3]);
+        }
       }
     }
     NamedBarrier(kConsumerBarrierId, kConsumerThreads);  // red complete

@@ -66,6 +66,13 @@ __host__ __device__ constexpr int RedPitch(int bm) { return bm + 1; }
 __host__ __device__ constexpr int RedValueBytes(GemmKernel kernel) {
   return kernel == GemmKernel::kStreamBf16 ? 2 : 4;
 }
+// Where row r of a results tile starts (values, from the tile's start; tiles hold an even number
+// of rows). BF16 rows at an odd pitch start one value later on odd rows, so that every row is
+// 4-byte aligned and a lane's two adjacent tokens are one 32-bit store; the rows still fit in
+// rows x pitch values.
+__host__ __device__ constexpr int RedRowStart(int r, int pitch, int value_bytes) {
+  return r * pitch + (value_bytes == 2 && pitch % 2 == 1 ? r % 2 : 0);
+}
 __host__ __device__ constexpr int RedBytes(GemmKernel kernel, int bm) {
   return Role2TilesPerTask(kernel, bm) * kTileRows * RedPitch(bm) * RedValueBytes(kernel);
 }
