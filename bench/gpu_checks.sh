@@ -9,7 +9,8 @@
 # ab times this bundle's gcmoe against another build of it in the same call (AB_BASELINE: its
 # path, e.g. a second binary bundled as gcmoe-base), both slices, the two alternating twice, and
 # prints each T's medians and their ratio: how a change is measured (DESIGN.md §7). AB_BASE_FLAGS
-# and AB_THIS_FLAGS add `bench layer` flags to one side (e.g. AB_THIS_FLAGS="--gemm bf16").
+# and AB_THIS_FLAGS add `bench layer` flags to one side (e.g. AB_THIS_FLAGS="--gemm bf16");
+# AB_MORE lists more builds' paths to alternate with the two (each against the baseline).
 #
 # multi, ep, race and trace need two or more GPUs: multi runs the multi-GPU test and the
 # multi-rank serve check, ep `gcmoe bench ep` on every GPU (EP_CONFIG, default the GLM-5.2
@@ -158,11 +159,15 @@ fi
 if has ab; then
   : > "$OUT/ab.txt"
   BASE=${AB_BASELINE:-$BUNDLE/bin/gcmoe-base}
+  # base, this, then AB_MORE's builds (named by their file names), alternating in each round.
+  SIDES="base this"
+  for more in ${AB_MORE:-}; do SIDES="$SIDES $(basename "$more")"; done
   for slice in glm-5.2-ep8-rank deepseek-v4.1-flash-ep8-rank; do
     for round in 1 2; do
-      for side in base this; do
+      for side in $SIDES; do
         bin=$GCMOE; flags=${AB_THIS_FLAGS:-}
         [[ $side == base ]] && bin=$BASE && flags=${AB_BASE_FLAGS:-}
+        for more in ${AB_MORE:-}; do [[ $side == "$(basename "$more")" ]] && bin=$more; done
         timeout 150 "$bin" bench layer --config "config/examples/$slice.json" --tokens-per-rank "$TOKENS" \
           --warmup 10 --replays 100 $flags > /tmp/gcmoe-ab.txt 2>&1
         note ab-$side $? "$slice round $round"
@@ -171,11 +176,16 @@ if has ab; then
       done
     done
   done
-  # slice T: base and this (median of the two rounds' medians), this / base.
-  awk '{us[$1" "$4" "$3] += $5 / 2; seen[$1" "$4] = 1}
-       END { for (k in seen) printf "%-30s T %4d  base %9.1f us  this %9.1f us  speedup %.3f\n",
-               substr(k, 1, index(k, " ") - 1), substr(k, index(k, " ") + 1), us[k" base"],
-               us[k" this"], us[k" base"] / us[k" this"] }' "$OUT/ab.txt" | sort -k1,1 -k3,3n
+  # slice T: each build's median of the two rounds' medians, and its speedup over base.
+  awk -v sides="$SIDES" '{us[$1" "$4" "$3] += $5 / 2; seen[$1" "$4] = 1}
+       END { n = split(sides, side, " ")
+             for (k in seen) {
+               line = sprintf("%-30s T %4d", substr(k, 1, index(k, " ") - 1), substr(k, index(k, " ") + 1))
+               for (i = 1; i <= n; ++i) {
+                 line = line sprintf("  %s %9.1f us", side[i], us[k" "side[i]])
+                 if (i > 1) line = line sprintf(" speedup %.3f", us[k" base"] / us[k" "side[i]])
+               }
+               print line } }' "$OUT/ab.txt" | sort -k1,1 -k3,3n
 fi
 
 # knobs times environment settings of this bundle's gcmoe against each other in the same call:
