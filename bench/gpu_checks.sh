@@ -3,8 +3,8 @@
 # ../shared/tools/device-bundle made of build-cuda/gcmoe and build-cuda/tests/kernels/*:
 #
 #   bench/gpu_checks.sh [STAGE...]     stages: sass ctest sanitizer bench peer serve variants
-#                                      ablate ab knobs ncu roles multi ep race trace (default: the
-#                                      first six)
+#                                      ablate ab knobs ncu source roles multi ep race trace
+#                                      (default: the first six)
 #
 # ab times this bundle's gcmoe against another build of it in the same call (AB_BASELINE: its
 # path, e.g. a second binary bundled as gcmoe-base), both slices, the two alternating twice, and
@@ -235,6 +235,24 @@ if has ncu; then
     { echo "==== ncu T = $T"; cat /tmp/gcmoe-ncu.txt; } >> "$OUT/ncu.txt"
     grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|stalled|L2 Hit|Achieved Occupancy|Theoretical Occupancy|Mem Busy|Max Bandwidth" \
       /tmp/gcmoe-ncu.txt | cut -c1-220 | sed "s/^/T=$T /"
+  done
+fi
+
+# Where role2's instructions go (how session 21 found the epilogues' share): one role2 launch of
+# the GLM slice per T in SOURCE_TOKENS (default 64 256), ncu's executed count and stall samples of
+# every SASS instruction (source-T.csv), and bench/ncu_source_runs.py's runs of them
+# (source-T.txt). The launch to profile is chosen as in the ncu stage (NCU_SKIP).
+if has source; then
+  for T in ${SOURCE_TOKENS:-64 256}; do
+    timeout 240 ncu --clock-control none --kernel-name regex:GroupedGemm --launch-skip "${NCU_SKIP:-5}" \
+      --launch-count 1 --section SourceCounters --section InstructionStats -f -o /tmp/gcmoe-source \
+      "$GCMOE" bench layer --config config/examples/glm-5.2-ep8-rank.json --dispatch-sms 0 \
+      --tokens-per-rank "$T" --warmup 0 --replays 1 > "$OUT/source-$T.log" 2>&1
+    rc=$?
+    ncu -i /tmp/gcmoe-source.ncu-rep --page source --csv --print-source sass > "$OUT/source-$T.csv" 2>&1
+    /usr/bin/python3 bench/ncu_source_runs.py "$OUT/source-$T.csv" > "$OUT/source-$T.txt" 2>&1
+    note source $rc "T $T: $(head -1 "$OUT/source-$T.txt" | cut -c1-90)"
+    sed "s/^/T=$T /" "$OUT/source-$T.txt" | head -12
   done
 fi
 
