@@ -105,8 +105,7 @@ GCMOE_HOST_DEVICE inline uint32_t MulBf16x2(uint32_t a, uint32_t b) {
   uint32_t d = 0;
   for (int h = 0; h < 2; ++h) {
     const float p = FloatFromBits((a >> (16 * h)) << 16) * FloatFromBits((b >> (16 * h)) << 16);
-    uint32_t bits;
-    std::memcpy(&bits, &p, sizeof bits);
+    uint32_t bits = BitsFromFloat(p);
     bits += 0x7FFFu + ((bits >> 16) & 1u);
     d |= (bits >> 16) << (16 * h);
   }

@@ -3,30 +3,26 @@
 // so the CPU tests check them against engine/numerics.
 #pragma once
 
+#include <bit>
 #include <cstdint>
-#include <cstring>
 
 #include "kernels/host_device.h"
 
 namespace gcmoe::kernels {
 
+// A float's bits and back: the intrinsics on the device, std::bit_cast on the host.
 GCMOE_HOST_DEVICE inline float FloatFromBits(uint32_t bits) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(bits);
 #else
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return std::bit_cast<float>(bits);
 #endif
 }
-
 GCMOE_HOST_DEVICE inline uint32_t BitsFromFloat(float f) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(f);
 #else
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  return bits;
+  return std::bit_cast<uint32_t>(f);
 #endif
 }
 
