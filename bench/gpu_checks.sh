@@ -160,14 +160,17 @@ if has ab; then
   : > "$OUT/ab.txt"
   BASE=${AB_BASELINE:-$BUNDLE/bin/gcmoe-base}
   # base, this, then AB_MORE's builds (named by their file names), alternating in each round.
+  declare -A AB_BIN=([base]=$BASE [this]=$GCMOE)
   SIDES="base this"
-  for more in ${AB_MORE:-}; do SIDES="$SIDES $(basename "$more")"; done
+  for more in ${AB_MORE:-}; do
+    SIDES="$SIDES $(basename "$more")"
+    AB_BIN[$(basename "$more")]=$more
+  done
   for slice in glm-5.2-ep8-rank deepseek-v4.1-flash-ep8-rank; do
     for round in 1 2; do
       for side in $SIDES; do
-        bin=$GCMOE; flags=${AB_THIS_FLAGS:-}
-        [[ $side == base ]] && bin=$BASE && flags=${AB_BASE_FLAGS:-}
-        for more in ${AB_MORE:-}; do [[ $side == "$(basename "$more")" ]] && bin=$more; done
+        bin=${AB_BIN[$side]}; flags=${AB_THIS_FLAGS:-}
+        [[ $side == base ]] && flags=${AB_BASE_FLAGS:-}
         timeout 150 "$bin" bench layer --config "config/examples/$slice.json" --tokens-per-rank "$TOKENS" \
           --warmup 10 --replays 100 $flags > /tmp/gcmoe-ab.txt 2>&1
         note ab-$side $? "$slice round $round"
