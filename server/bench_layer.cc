@@ -61,9 +61,11 @@ int RunBenchLayer(int argc, char** argv) {
   std::string tokens_text = "1,2,4,8,16,32,64,128,256";
   std::string weights_mode = "random";
   std::string json_path;
+  std::string times_path;
   int shared_intermediate = -1;
   int warmup = 20;
   int replays = 200;
+  int settle_ms = 0;
   int seed = 1;
   std::string gemm;
   int dispatch_sms = -1;
@@ -81,8 +83,14 @@ int RunBenchLayer(int argc, char** argv) {
             "override model.shared_intermediate (0 = no shared expert; -1 = the config's)");
   flags.Int("warmup", &warmup, "untimed replays per token count");
   flags.Int("replays", &replays, "timed replays per token count (the median is reported)");
+  flags.Int("settle-ms", &settle_ms,
+            "replay this long before each token count's warm-up, so that the timed replays run "
+            "at the clocks the GPU sustains (0 = time from a cool start; the H200 caps its "
+            "power after about 40 ms of back-to-back replays)");
   flags.Int("seed", &seed, "seed of the routing, activations and random weights");
   flags.String("json", &json_path, "also write the results as JSON (for bench/torch_peer.py)");
+  flags.String("times", &times_path,
+               "also write every timed replay as CSV (tokens,replay,us), in replay order");
   flags.String("gemm", &gemm,
                "role2 kernel: bf16-wgmma (default: exact BF16 operands, mma.sync BF16 below BM "
                "64, register-A BF16 wgmma at BM 64), bf16 (mma.sync at every BM), stream (the "
@@ -111,8 +119,9 @@ int RunBenchLayer(int argc, char** argv) {
   engine::ModelSpec spec = ModelSpecFromConfig(*config);
   spec.num_layers = 1;  // the harness runs layer 0 only
   if (shared_intermediate >= 0) spec.shared_intermediate = shared_intermediate;
-  if (replays < 1 || warmup < 0) {
-    std::fprintf(stderr, "gcmoe bench layer: --replays must be >= 1 and --warmup >= 0\n");
+  if (replays < 1 || warmup < 0 || settle_ms < 0) {
+    std::fprintf(stderr,
+                 "gcmoe bench layer: --replays must be >= 1, --warmup and --settle-ms >= 0\n");
     return 2;
   }
 
@@ -176,14 +185,25 @@ int RunBenchLayer(int argc, char** argv) {
   const int H = spec.hidden;
   const int k = spec.top_k;
   const int E = spec.num_experts;
-  std::mt19937_64 rng(static_cast<uint64_t>(seed) * 7919 + 1);
   std::vector<Row> rows;
   engine::StepPlan plan;
   uint64_t generation = 0;  // unique and increasing, as the backend requires
   const balancer::Placement placement = balancer::ContiguousPlacement(1, E);
+  std::ofstream times_csv;
+  if (!times_path.empty()) {
+    times_csv.open(times_path);
+    if (!times_csv) {
+      std::fprintf(stderr, "gcmoe bench layer: cannot write %s\n", times_path.c_str());
+      return 1;
+    }
+    times_csv << "tokens,replay,us\n";
+  }
   for (int T : *tokens) {
     std::fprintf(stderr, "T = %d ...\n", T);
-    // Routing: k distinct experts per token, uniformly; activations N(0, 1) in BF16.
+    // Routing: k distinct experts per token, uniformly; activations N(0, 1) in BF16. Each T has
+    // its own draw, so a row does not depend on which token counts were listed before it (one
+    // generator for the whole list made the same T route differently in different calls).
+    std::mt19937_64 rng(static_cast<uint64_t>(seed) * 7919 + 1 + static_cast<uint64_t>(T) * 104729);
     std::vector<int32_t> ids(static_cast<size_t>(T) * k);
     std::vector<float> route_weights(ids.size());
     std::vector<int> order(E);
@@ -240,8 +260,18 @@ int RunBenchLayer(int argc, char** argv) {
         ++nondeterministic;
       }
     }
+    // Settling: untimed replays in batches until settle_ms have passed on the host clock.
+    const auto settle_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(settle_ms);
+    while (std::chrono::steady_clock::now() < settle_end) {
+      if (auto batch = gpu.TimeReplays(0, 20); !batch.ok()) {
+        return fail("settling", batch.status());
+      }
+    }
     auto times = gpu.TimeReplays(warmup, replays);
     if (!times.ok()) return fail("timing replays", times.status());
+    for (size_t i = 0; i < times->size() && times_csv.is_open(); ++i) {
+      times_csv << T << ',' << i << ',' << (*times)[i] << '\n';
+    }
 
     Row row;
     row.tokens = T;
@@ -273,10 +303,10 @@ int RunBenchLayer(int argc, char** argv) {
 #endif
   std::printf(
       "GPU split %d compute + %d dispatch SMs (%s); copy bandwidth %.0f GB/s (read + write); "
-      "%d warm-up + %d timed replays per row\n",
+      "%d ms settling + %d warm-up + %d timed replays per row\n",
       parts.compute_sms, parts.dispatch_sms,
       parts.green ? "green contexts, overlapped" : "one context, roles in sequence",
-      *bandwidth / 1e9, warmup, replays);
+      *bandwidth / 1e9, settle_ms, warmup, replays);
   std::printf("role2 %s:", kernels::GemmKernelName(gpu.gemm_kernel()));
   for (int bm : kernels::kBlockSizes) {
     const kernels::Role2Shape& shape = gpu.role2_shape(bm);
@@ -304,7 +334,8 @@ int RunBenchLayer(int argc, char** argv) {
          << ", \"copy_bandwidth_Bps\": " << *bandwidth << ", \"gemm\": \""
          << kernels::GemmKernelName(gpu.gemm_kernel())
          << "\", \"compute_sms\": " << parts.compute_sms
-         << ", \"dispatch_sms\": " << parts.dispatch_sms << ", \"rows\": [";
+         << ", \"dispatch_sms\": " << parts.dispatch_sms << ", \"settle_ms\": " << settle_ms
+         << ", \"rows\": [";
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       json << (i ? ", " : "") << "{\"tokens\": " << r.tokens << ", \"bm\": " << r.block_rows
