@@ -22,7 +22,9 @@
 #
 # Environment: BUNDLE (default .device), OUT (logs; default /tmp/gcmoe-gpu-checks),
 # GCMOE_CUDA_GEMM (role2 kernel for ctest/bench/multi: bf16-wgmma default, bf16, stream, wgmma, mma), TOKENS
-# (bench).
+# (bench), SETTLE_MS (bench and peer: untimed replays before each row's, default 500, so that both
+# are timed at the clocks the GPU sustains under load: the H200 caps its power after about 40 ms
+# of our replays and its SM clock drops from 1980 to 1700-1900 MHz; 0 times from a cool start).
 # Logs go to $OUT; a summary table is printed last.
 set -u
 BUNDLE=${BUNDLE:-.device}
@@ -37,6 +39,7 @@ GPU_TEST="$BUNDLE/bin/kernels_gpu_test"
 GCMOE="$BUNDLE/bin/gcmoe"
 STAGES=${*:-"sass ctest sanitizer bench peer serve"}
 TOKENS=${TOKENS:-1,2,4,8,16,32,64,128,256}
+SETTLE_MS=${SETTLE_MS:-500}
 EP_CONFIG=${EP_CONFIG:-config/examples/glm-5.2-ep8.json}  # the whole layer, for ep race trace
 SUMMARY=()
 note() { SUMMARY+=("$(printf '%-10s %-6s %s' "$1" "$2" "$3")"); }
@@ -99,7 +102,7 @@ if has bench; then
     tag=$1; [[ $2 != -1 ]] && tag="$1-shared"
     echo "\$ gcmoe bench layer --config config/examples/$1.json --shared-intermediate $2" >> "$OUT/bench.txt"
     timeout 240 "$GCMOE" bench layer --config "config/examples/$1.json" --shared-intermediate "$2" \
-      --tokens-per-rank "$TOKENS" --json "/tmp/gcmoe-bench-$tag.json" \
+      --tokens-per-rank "$TOKENS" --settle-ms "$SETTLE_MS" --json "/tmp/gcmoe-bench-$tag.json" \
       >> "$OUT/bench.txt" 2>> "$OUT/bench.txt"
     note bench $? "$tag"
   done
@@ -109,10 +112,12 @@ fi
 if has peer; then
   : > "$OUT/peer.txt"
   python3 bench/torch_peer.py --hidden 6144 --intermediate 2048 --experts 32 --top-k 8 \
-    --label glm-5.2 --ours /tmp/gcmoe-bench-glm-5.2-ep8-rank.json >> "$OUT/peer.txt" 2>&1
+    --tokens-per-rank "$TOKENS" --settle-ms "$SETTLE_MS" --label glm-5.2 \
+    --ours /tmp/gcmoe-bench-glm-5.2-ep8-rank.json >> "$OUT/peer.txt" 2>&1
   note peer-glm $? ""
   python3 bench/torch_peer.py --hidden 5120 --intermediate 2304 --experts 48 --top-k 6 \
-    --label deepseek-v4.1-flash --ours /tmp/gcmoe-bench-deepseek-v4.1-flash-ep8-rank.json \
+    --tokens-per-rank "$TOKENS" --settle-ms "$SETTLE_MS" --label deepseek-v4.1-flash \
+    --ours /tmp/gcmoe-bench-deepseek-v4.1-flash-ep8-rank.json \
     >> "$OUT/peer.txt" 2>&1
   note peer-ds $? ""
   grep -v "^T=" "$OUT/peer.txt"

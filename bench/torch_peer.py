@@ -11,9 +11,10 @@ local expert receives T*k/E tokens on average, as in EP-8), tokens already group
   bf16 : torch._grouped_mm (W1, BF16) -> SwiGLU x routing weight -> torch._grouped_mm (W2)
          -> index_add
 
-Each variant is captured once in a CUDA graph and replayed; the median replay time (CUDA
-events, after warm-up) is reported with its own weight floor (FP8: 1 byte per weight, BF16: 2)
-over the copy bandwidth measured in the same run (torch copy_ of 2 GiB, read + write counted).
+Each variant is captured once in a CUDA graph and replayed back to back, as `gcmoe bench layer`
+replays its own (--settle-ms first, then warm-up); the median replay time (CUDA events) is
+reported with its own weight floor (FP8: 1 byte per weight, BF16: 2) over the copy bandwidth
+measured in the same run (torch copy_ of 2 GiB, read + write counted).
 With --ours FILE (the JSON of `gcmoe bench layer --json`) it prints the ratio table peer / ours.
 
   python3 bench/torch_peer.py --hidden 6144 --intermediate 2048 --experts 32 --top-k 8 \
@@ -24,6 +25,7 @@ import json
 import math
 import statistics
 import sys
+import time
 
 import torch
 
@@ -129,7 +131,11 @@ class Layer:
         return self.y
 
 
-def time_graph(fn, warmup, replays):
+def time_graph(fn, warmup, replays, settle_ms=0.0, sync_each=False, sink=None):
+    """Median replay time in us, timed as `gcmoe bench layer` times its graph: settle_ms of
+    untimed replays (the clocks the GPU sustains under load), warmup more, then replays back to
+    back with an event between each two (sync_each: one replay at a time, waiting for each).
+    Every replay's time is appended to sink when given."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -139,16 +145,25 @@ def time_graph(fn, warmup, replays):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    settle_end = time.perf_counter() + settle_ms / 1e3
+    while time.perf_counter() < settle_end:
+        for _ in range(20):
+            graph.replay()
+        torch.cuda.synchronize()
     for _ in range(warmup):
         graph.replay()
-    times = []
-    for _ in range(replays):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(replays + 1)]
+    events[0].record()
+    for i in range(replays):
+        if sync_each:
+            events[i].synchronize()
+            events[i].record()
         graph.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3)
+        events[i + 1].record()
+    events[-1].synchronize()
+    times = [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(replays)]
+    if sink is not None:
+        sink.extend(times)
     return statistics.median(times)
 
 
@@ -183,11 +198,16 @@ def main():
     ap.add_argument("--tokens-per-rank", default="1,2,4,8,16,32,64,128,256")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--replays", type=int, default=100)
+    ap.add_argument("--settle-ms", type=float, default=0.0,
+                    help="untimed replays for this long first (the clocks sustained under load)")
+    ap.add_argument("--sync-each", action="store_true",
+                    help="wait for every replay before the next (the timing before 2026-12-03)")
     ap.add_argument("--pad-groups", type=int, default=1,
                     help="pad every expert's group to a multiple of this many rows")
     ap.add_argument("--ours", help="JSON written by `gcmoe bench layer --json`")
     ap.add_argument("--json", help="write the peer results here")
     ap.add_argument("--label", default="")
+    ap.add_argument("--times", help="also write every timed replay as CSV (variant,tokens,replay,us)")
     args = ap.parse_args()
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
@@ -201,12 +221,19 @@ def main():
             for row in json.load(f)["rows"]:
                 ours[row["tokens"]] = row
     results = []
+    times_csv = open(args.times, "w") if args.times else None
+    if times_csv:
+        times_csv.write("variant,tokens,replay,us\n")
     for T in [int(t) for t in args.tokens_per_rank.split(",")]:
         layer = Layer(args, T, gen, weights)
         row = {"tokens": T, "assignments": layer.assignments, "active": layer.active}
         for name in ("fp8", "bf16"):
             try:
-                row[name + "_us"] = time_graph(getattr(layer, name), args.warmup, args.replays)
+                sink = [] if times_csv else None
+                row[name + "_us"] = time_graph(getattr(layer, name), args.warmup, args.replays,
+                                             args.settle_ms, args.sync_each, sink)
+                for i, us in enumerate(sink or []):
+                    times_csv.write(f"{name},{T},{i},{us:.2f}\n")
             except Exception as exc:  # report and keep going: one failing variant is a finding
                 print(f"T={T} {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
                 row[name + "_us"] = float("nan")
