@@ -22,9 +22,10 @@
 #
 # Environment: BUNDLE (default .device), OUT (logs; default /tmp/gcmoe-gpu-checks),
 # GCMOE_CUDA_GEMM (role2 kernel for ctest/bench/multi: bf16-wgmma default, bf16, stream, wgmma, mma), TOKENS
-# (bench), SETTLE_MS (bench and peer: untimed replays before each row's, default 500, so that both
-# are timed at the clocks the GPU sustains under load: the H200 caps its power after about 40 ms
-# of our replays and its SM clock drops from 1980 to 1700-1900 MHz; 0 times from a cool start).
+# (bench), SETTLE_MS (untimed replays before each row's, in every timing stage and the peer;
+# default 500, so that both harnesses are timed at the clocks the GPU sustains under load: the H200
+# caps its power after about 40 ms of our replays and its SM clock drops from 1980 to 1600-1900
+# MHz; 0 times from a cool start).
 # Logs go to $OUT; a summary table is printed last.
 set -u
 BUNDLE=${BUNDLE:-.device}
@@ -129,7 +130,7 @@ fi
 bench_rows() {  # label, then gcmoe bench layer flags; appends "label T us floor%" rows
   local label=$1; shift
   timeout 120 "$GCMOE" bench layer --config config/examples/glm-5.2-ep8-rank.json \
-    --warmup 10 --replays 100 "$@" > /tmp/gcmoe-row.txt 2>&1
+    --settle-ms "$SETTLE_MS" --warmup 10 --replays 100 "$@" > /tmp/gcmoe-row.txt 2>&1
   local rc=$?
   cat /tmp/gcmoe-row.txt >> "$OUT/$STAGE_LOG"
   awk -v l="$label" -v rc=$rc '$1 ~ /^[0-9]+$/ && NF == 11 {printf "%-28s T %4d BM %2d %9.1f us %6s\n", l, $1, $2, $5, $9}
@@ -177,7 +178,7 @@ if has ab; then
         bin=${AB_BIN[$side]}; flags=${AB_THIS_FLAGS:-}
         [[ $side == base ]] && flags=${AB_BASE_FLAGS:-}
         timeout 150 "$bin" bench layer --config "config/examples/$slice.json" --tokens-per-rank "$TOKENS" \
-          --warmup 10 --replays 100 $flags > /tmp/gcmoe-ab.txt 2>&1
+          --settle-ms "$SETTLE_MS" --warmup 10 --replays 100 $flags > /tmp/gcmoe-ab.txt 2>&1
         note ab-$side $? "$slice round $round"
         awk -v s="$slice" -v side=$side -v r=$round '$1 ~ /^[0-9]+$/ && NF == 11 {print s, r, side, $1, $5}' \
           /tmp/gcmoe-ab.txt >> "$OUT/ab.txt"
@@ -208,7 +209,8 @@ if has knobs; then
     for round in 1 2; do
       for i in "${!variants[@]}"; do
         env ${variants[$i]} timeout 150 "$GCMOE" bench layer --config "config/examples/$slice.json" \
-          --tokens-per-rank "$TOKENS" --warmup 10 --replays 100 > /tmp/gcmoe-knobs.txt 2>&1
+          --tokens-per-rank "$TOKENS" --settle-ms "$SETTLE_MS" --warmup 10 --replays 100 \
+          > /tmp/gcmoe-knobs.txt 2>&1
         note knobs $? "$slice round $round: ${variants[$i]}"
         awk -v s="$slice" -v v="$i" '$1 ~ /^[0-9]+$/ && NF == 11 {print s, v, $1, $5}' \
           /tmp/gcmoe-knobs.txt >> "$OUT/knobs.txt"
