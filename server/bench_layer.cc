@@ -34,6 +34,7 @@
 #include "server/bench_util.h"
 #include "server/engine_config.h"
 #include "server/flags.h"
+#include "server/gpu_power_meter.h"
 
 #if GCMOE_HAVE_CUDA
 #include "engine/cuda_backend.h"
@@ -50,6 +51,7 @@ struct Row {
   int active_experts = 0;
   double median_us = 0, p10_us = 0, p90_us = 0;
   double floor_bytes = 0, floor_us = 0, fraction = 0, tflops = 0, gbps = 0;
+  double watts = 0, sm_mhz = 0;  // over the settling phase (0: not measured)
 };
 
 #endif  // GCMOE_HAVE_CUDA
@@ -86,7 +88,8 @@ int RunBenchLayer(int argc, char** argv) {
   flags.Int("settle-ms", &settle_ms,
             "replay this long before each token count's warm-up, so that the timed replays run "
             "at the clocks the GPU sustains (0 = time from a cool start; the H200 caps its "
-            "power after about 40 ms of back-to-back replays)");
+            "power after about 40 ms of back-to-back replays); where NVML is present, also "
+            "prints the board's power, SM clock and energy per step while settling");
   flags.Int("seed", &seed, "seed of the routing, activations and random weights");
   flags.String("json", &json_path, "also write the results as JSON (for bench/torch_peer.py)");
   flags.String("times", &times_path,
@@ -145,6 +148,16 @@ int RunBenchLayer(int argc, char** argv) {
   if (!backend.ok()) return fail("creating the CUDA backend", backend.status());
   engine::CudaBackend& gpu = **backend;
   if (Status s = gpu.ForceBlockRows(force_bm); !s.ok()) return fail("--bm", s);
+  // The board's power while settling, when NVML can tell (gpu_power_meter.h).
+  std::unique_ptr<GpuPowerMeter> meter;
+  if (settle_ms > 0) {
+    char bus[64] = {};
+    std::string why = "cudaDeviceGetPCIBusId failed";
+    if (cudaDeviceGetPCIBusId(bus, sizeof(bus), options.device) == cudaSuccess) {
+      meter = GpuPowerMeter::Open(bus, &why);
+    }
+    if (meter == nullptr) std::fprintf(stderr, "board power not measured: %s\n", why.c_str());
+  }
   const auto& parts = gpu.partitions();
   std::fprintf(stderr, "device %d: %d SMs = %d compute + %d dispatch (%s)\n", options.device,
                parts.total_sms, parts.compute_sms, parts.dispatch_sms,
@@ -260,11 +273,22 @@ int RunBenchLayer(int argc, char** argv) {
         ++nondeterministic;
       }
     }
-    // Settling: untimed replays in batches until settle_ms have passed on the host clock.
-    const auto settle_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(settle_ms);
+    // Settling: untimed replays in batches until settle_ms have passed on the host clock, the
+    // board's energy counter and SM clock read after each batch.
+    const auto settle_start = std::chrono::steady_clock::now();
+    const auto settle_end = settle_start + std::chrono::milliseconds(settle_ms);
+    PowerWindow power;
     while (std::chrono::steady_clock::now() < settle_end) {
       if (auto batch = gpu.TimeReplays(0, 20); !batch.ok()) {
         return fail("settling", batch.status());
+      }
+      uint64_t mj = 0;
+      unsigned mhz = 0;
+      if (meter != nullptr && meter->EnergyMillijoules(&mj)) {
+        if (!meter->SmClockMhz(&mhz)) mhz = 0;
+        power.Add(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - settle_start).count(),
+            mj, mhz);
       }
     }
     auto times = gpu.TimeReplays(warmup, replays);
@@ -290,6 +314,8 @@ int RunBenchLayer(int argc, char** argv) {
                          6.0 * (spec.has_shared() ? T : 0) * H * spec.shared_intermediate;
     row.tflops = flops / (row.median_us * 1e-6) / 1e12;
     row.gbps = row.floor_bytes / (row.median_us * 1e-6) / 1e9;
+    row.watts = power.Watts();
+    row.sm_mhz = power.MeanSmMhz();
     rows.push_back(row);
   }
 
@@ -323,6 +349,22 @@ int RunBenchLayer(int argc, char** argv) {
                 r.block_rows, static_cast<long long>(r.assignments), r.active_experts, r.median_us,
                 r.p10_us, r.p90_us, r.floor_us, 100.0 * r.fraction, r.tflops, r.gbps);
   }
+  if (meter != nullptr) {
+    // Energy per step: the settling phase's average board power times the row's median.
+    std::printf(
+        "board power while settling (limit %.0f W; NVML's counter, updated every 20-100 ms)\n",
+        meter->PowerLimitWatts());
+    std::printf("%6s %8s %8s %9s\n", "T/rank", "W", "SM_MHz", "mJ/step");
+    for (const Row& r : rows) {
+      if (r.watts > 0) {
+        std::printf("%6d %8.1f %8.0f %9.1f\n", r.tokens, r.watts, r.sm_mhz,
+                    r.watts * r.median_us * 1e-3);
+      } else {
+        std::printf("%6d %8s %8.0f %9s  (settle longer: fewer than two counter updates)\n",
+                    r.tokens, "-", r.sm_mhz, "-");
+      }
+    }
+  }
   if (repeat > 0) {
     std::printf("repeated steps: %s\n", nondeterministic == 0 ? "bit-identical" : "DIFFERENT");
   }
@@ -341,7 +383,8 @@ int RunBenchLayer(int argc, char** argv) {
       json << (i ? ", " : "") << "{\"tokens\": " << r.tokens << ", \"bm\": " << r.block_rows
            << ", \"assignments\": " << r.assignments << ", \"active_experts\": " << r.active_experts
            << ", \"median_us\": " << r.median_us << ", \"floor_us\": " << r.floor_us
-           << ", \"tflops\": " << r.tflops << "}";
+           << ", \"tflops\": " << r.tflops << ", \"watts\": " << r.watts
+           << ", \"sm_mhz\": " << r.sm_mhz << "}";
     }
     json << "]}\n";
   }
