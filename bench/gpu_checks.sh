@@ -8,7 +8,9 @@
 #
 # ab times this bundle's gcmoe against another build of it in the same call (AB_BASELINE: its
 # path, e.g. a second binary bundled as gcmoe-base), both slices, the two alternating twice, and
-# prints each T's medians and their ratio: how a change is measured (DESIGN.md §7). AB_BASE_FLAGS
+# prints each T's medians and their ratio: how a change is measured (DESIGN.md §7). With
+# SETTLE_MS > 0 and NVML on the machine it also prints each build's energy per step, which bounds
+# the time at sustained clocks (docs/PERFORMANCE.md, session 22). AB_BASE_FLAGS
 # and AB_THIS_FLAGS add `bench layer` flags to one side (e.g. AB_THIS_FLAGS="--gemm bf16");
 # AB_MORE lists more builds' paths to alternate with the two (each against the baseline).
 #
@@ -162,8 +164,23 @@ if has ablate; then
   note ablate ok "$(wc -l < "$OUT/$STAGE_LOG.rows") rows"
 fi
 
+# ab_table FILE UNIT WHAT: rows "slice round side T value" -> per slice and T each build's mean of
+# the rounds' values and base's over it (WHAT: speedup for times, saving for energy).
+ab_table() {
+  awk -v sides="$SIDES" -v unit="$2" -v what="$3" '{v[$1" "$4" "$3] += $5; c[$1" "$4" "$3] += 1; seen[$1" "$4] = 1}
+       END { n = split(sides, side, " ")
+             for (k in seen) {
+               line = sprintf("%-30s T %4d", substr(k, 1, index(k, " ") - 1), substr(k, index(k, " ") + 1))
+               for (i = 1; i <= n; ++i) {
+                 m[i] = c[k" "side[i]] ? v[k" "side[i]] / c[k" "side[i]] : 0
+                 line = line sprintf("  %s %9.1f %s", side[i], m[i], unit)
+                 if (i > 1 && m[i] > 0) line = line sprintf(" %s %.3f", what, m[1] / m[i])
+               }
+               print line } }' "$1" | sort -k1,1 -k3,3n
+}
+
 if has ab; then
-  : > "$OUT/ab.txt"
+  : > "$OUT/ab.txt"; : > "$OUT/ab-energy.txt"
   BASE=${AB_BASELINE:-$BUNDLE/bin/gcmoe-base}
   # base, this, then AB_MORE's builds (named by their file names), alternating in each round.
   declare -A AB_BIN=([base]=$BASE [this]=$GCMOE)
@@ -182,19 +199,17 @@ if has ab; then
         note ab-$side $? "$slice round $round"
         awk -v s="$slice" -v side=$side -v r=$round '$1 ~ /^[0-9]+$/ && NF == 11 {print s, r, side, $1, $5}' \
           /tmp/gcmoe-ab.txt >> "$OUT/ab.txt"
+        # The energy per step, where the build printed its board power table (NVML, settling).
+        awk -v s="$slice" -v side=$side -v r=$round '/mJ\/step/ {p = 1; next}
+             p && $1 ~ /^[0-9]+$/ && NF == 4 {print s, r, side, $1, $4}' /tmp/gcmoe-ab.txt >> "$OUT/ab-energy.txt"
       done
     done
   done
-  # slice T: each build's median of the two rounds' medians, and its speedup over base.
-  awk -v sides="$SIDES" '{us[$1" "$4" "$3] += $5 / 2; seen[$1" "$4] = 1}
-       END { n = split(sides, side, " ")
-             for (k in seen) {
-               line = sprintf("%-30s T %4d", substr(k, 1, index(k, " ") - 1), substr(k, index(k, " ") + 1))
-               for (i = 1; i <= n; ++i) {
-                 line = line sprintf("  %s %9.1f us", side[i], us[k" "side[i]])
-                 if (i > 1) line = line sprintf(" speedup %.3f", us[k" base"] / us[k" "side[i]])
-               }
-               print line } }' "$OUT/ab.txt" | sort -k1,1 -k3,3n
+  ab_table "$OUT/ab.txt" us speedup
+  if [[ -s $OUT/ab-energy.txt ]]; then
+    echo "energy per step (mJ; saving = base's / the build's):"
+    ab_table "$OUT/ab-energy.txt" mJ saving
+  fi
 fi
 
 # knobs times environment settings of this bundle's gcmoe against each other in the same call:
