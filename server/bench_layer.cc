@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -53,6 +54,24 @@ struct Row {
   double floor_bytes = 0, floor_us = 0, fraction = 0, tflops = 0, gbps = 0;
   double watts = 0, sm_mhz = 0;  // over the settling phase (0: not measured)
 };
+
+// Untimed replays in batches until `ms` have passed on the host clock, the board's energy
+// counter and SM clock read after each batch when there is a meter.
+Status Settle(engine::CudaBackend& gpu, int ms, const GpuPowerMeter* meter, PowerWindow* power) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto end = start + std::chrono::milliseconds(ms);
+  while (std::chrono::steady_clock::now() < end) {
+    if (auto batch = gpu.TimeReplays(0, 20); !batch.ok()) return batch.status();
+    uint64_t mj = 0;
+    unsigned mhz = 0;
+    if (meter != nullptr && meter->EnergyMillijoules(&mj)) {
+      if (!meter->SmClockMhz(&mhz)) mhz = 0;
+      power->Add(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                 mj, mhz);
+    }
+  }
+  return Status::Ok();
+}
 
 #endif  // GCMOE_HAVE_CUDA
 
@@ -136,6 +155,15 @@ int RunBenchLayer(int argc, char** argv) {
     std::fprintf(stderr, "gcmoe bench layer: %s: %s\n", what, s.ToString().c_str());
     return 1;
   };
+  std::ofstream times_csv;
+  if (!times_path.empty()) {
+    times_csv.open(times_path);
+    if (!times_csv) {
+      std::fprintf(stderr, "gcmoe bench layer: cannot write %s\n", times_path.c_str());
+      return 2;
+    }
+    times_csv << "tokens,replay,us\n";
+  }
   const int max_tokens = *std::max_element(tokens->begin(), tokens->end());
   engine::BackendOptions options;
   options.model = spec;
@@ -202,15 +230,6 @@ int RunBenchLayer(int argc, char** argv) {
   engine::StepPlan plan;
   uint64_t generation = 0;  // unique and increasing, as the backend requires
   const balancer::Placement placement = balancer::ContiguousPlacement(1, E);
-  std::ofstream times_csv;
-  if (!times_path.empty()) {
-    times_csv.open(times_path);
-    if (!times_csv) {
-      std::fprintf(stderr, "gcmoe bench layer: cannot write %s\n", times_path.c_str());
-      return 1;
-    }
-    times_csv << "tokens,replay,us\n";
-  }
   for (int T : *tokens) {
     std::fprintf(stderr, "T = %d ...\n", T);
     // Routing: k distinct experts per token, uniformly; activations N(0, 1) in BF16. Each T has
@@ -273,24 +292,8 @@ int RunBenchLayer(int argc, char** argv) {
         ++nondeterministic;
       }
     }
-    // Settling: untimed replays in batches until settle_ms have passed on the host clock, the
-    // board's energy counter and SM clock read after each batch.
-    const auto settle_start = std::chrono::steady_clock::now();
-    const auto settle_end = settle_start + std::chrono::milliseconds(settle_ms);
     PowerWindow power;
-    while (std::chrono::steady_clock::now() < settle_end) {
-      if (auto batch = gpu.TimeReplays(0, 20); !batch.ok()) {
-        return fail("settling", batch.status());
-      }
-      uint64_t mj = 0;
-      unsigned mhz = 0;
-      if (meter != nullptr && meter->EnergyMillijoules(&mj)) {
-        if (!meter->SmClockMhz(&mhz)) mhz = 0;
-        power.Add(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - settle_start).count(),
-            mj, mhz);
-      }
-    }
+    if (Status s = Settle(gpu, settle_ms, meter.get(), &power); !s.ok()) return fail("settling", s);
     auto times = gpu.TimeReplays(warmup, replays);
     if (!times.ok()) return fail("timing replays", times.status());
     for (size_t i = 0; i < times->size() && times_csv.is_open(); ++i) {
