@@ -152,16 +152,22 @@ def time_graph(fn, warmup, replays, settle_ms=0.0, sync_each=False, sink=None):
         torch.cuda.synchronize()
     for _ in range(warmup):
         graph.replay()
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(replays + 1)]
-    events[0].record()
-    for i in range(replays):
-        if sync_each:
-            events[i].synchronize()
-            events[i].record()
-        graph.replay()
-        events[i + 1].record()
-    events[-1].synchronize()
-    times = [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    if sync_each:  # its own start event per replay, recorded once the previous one is done
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        for start, end in zip(starts, ends):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+    else:  # each replay starts where the one before it ended
+        starts = [torch.cuda.Event(enable_timing=True)] + ends[:-1]
+        starts[0].record()
+        for end in ends:
+            graph.replay()
+            end.record()
+        ends[-1].synchronize()
+    times = [start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)]
     if sink is not None:
         sink.extend(times)
     return statistics.median(times)
