@@ -7,7 +7,8 @@
 #                                      (default: the first six)
 #
 # ab times this bundle's gcmoe against another build of it in the same call (AB_BASELINE: its
-# path, e.g. a second binary bundled as gcmoe-base), both slices, the two alternating twice, and
+# path, e.g. a second binary bundled as gcmoe-base), both slices, the two alternating AB_ROUNDS
+# times (default 2; at sustained clocks rounds spread more, up to 7 %), and
 # prints each T's medians and their ratio: how a change is measured (DESIGN.md §7). With
 # SETTLE_MS > 0 and NVML on the machine it also prints each build's energy per step, which bounds
 # the time at sustained clocks (docs/PERFORMANCE.md, session 22). AB_BASE_FLAGS
@@ -190,7 +191,7 @@ if has ab; then
     AB_BIN[$(basename "$more")]=$more
   done
   for slice in glm-5.2-ep8-rank deepseek-v4.1-flash-ep8-rank; do
-    for round in 1 2; do
+    for round in $(seq "${AB_ROUNDS:-2}"); do
       for side in $SIDES; do
         bin=${AB_BIN[$side]}; flags=${AB_THIS_FLAGS:-}
         [[ $side == base ]] && flags=${AB_BASE_FLAGS:-}
