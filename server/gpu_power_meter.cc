@@ -13,17 +13,22 @@ namespace gcmoe::server {
 struct GpuPowerMeter::Api {
   using Device = void*;
   void* library = nullptr;
+  bool initialized = false;
   Device device = nullptr;
   int (*shutdown)() = nullptr;
   int (*energy)(Device, unsigned long long*) = nullptr;
   int (*clock)(Device, int, unsigned*) = nullptr;
   int (*limit)(Device, unsigned*) = nullptr;
   static constexpr int kClockSm = 1;
+  ~Api() {
+    if (initialized) shutdown();
+    if (library != nullptr) dlclose(library);
+  }
 };
 
 std::unique_ptr<GpuPowerMeter> GpuPowerMeter::Open(const std::string& pci_bus_id,
                                                    std::string* why) {
-  auto api = std::make_unique<Api>();
+  auto api = std::make_unique<Api>();  // closes what it opened on every return below
   api->library = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (api->library == nullptr) {
     *why = "NVML (libnvidia-ml.so.1) not found";
@@ -41,25 +46,20 @@ std::unique_ptr<GpuPowerMeter> GpuPowerMeter::Open(const std::string& pci_bus_id
       !resolve("nvmlDeviceGetClockInfo", &api->clock) ||
       !resolve("nvmlDeviceGetEnforcedPowerLimit", &api->limit)) {
     *why = "NVML lacks an entry point this meter needs";
-    dlclose(api->library);
     return nullptr;
   }
   if (const int rc = init(); rc != 0) {
     *why = "nvmlInit_v2 returned " + std::to_string(rc);
-    dlclose(api->library);
     return nullptr;
   }
+  api->initialized = true;
   if (const int rc = by_bus(pci_bus_id.c_str(), &api->device); rc != 0) {
     *why = "NVML has no GPU at " + pci_bus_id + " (" + std::to_string(rc) + ")";
-    api->shutdown();
-    dlclose(api->library);
     return nullptr;
   }
   unsigned long long mj = 0;
   if (const int rc = api->energy(api->device, &mj); rc != 0) {
     *why = "NVML cannot read this GPU's energy counter (" + std::to_string(rc) + ")";
-    api->shutdown();
-    dlclose(api->library);
     return nullptr;
   }
   return std::unique_ptr<GpuPowerMeter>(new GpuPowerMeter(std::move(api)));
@@ -67,10 +67,7 @@ std::unique_ptr<GpuPowerMeter> GpuPowerMeter::Open(const std::string& pci_bus_id
 
 GpuPowerMeter::GpuPowerMeter(std::unique_ptr<Api> api) : api_(std::move(api)) {}
 
-GpuPowerMeter::~GpuPowerMeter() {
-  api_->shutdown();
-  dlclose(api_->library);
-}
+GpuPowerMeter::~GpuPowerMeter() = default;
 
 bool GpuPowerMeter::EnergyMillijoules(uint64_t* mj) const {
   unsigned long long value = 0;
@@ -105,12 +102,11 @@ void PowerWindow::Add(double seconds, uint64_t energy_mj, unsigned sm_mhz) {
     first_mj_ = energy_mj;
   }
   last_s_ = seconds;
-  update_mj_ = energy_mj;
 }
 
 double PowerWindow::Watts() const {
   if (updates_ < 2 || last_s_ <= first_s_) return 0.0;
-  return static_cast<double>(update_mj_ - first_mj_) / 1000.0 / (last_s_ - first_s_);
+  return static_cast<double>(last_mj_ - first_mj_) / 1000.0 / (last_s_ - first_s_);
 }
 
 double PowerWindow::MeanSmMhz() const { return mhz_count_ > 0 ? mhz_sum_ / mhz_count_ : 0.0; }

@@ -49,10 +49,10 @@ class PowerWindow {
 
  private:
   bool started_ = false;
-  uint64_t last_mj_ = 0;
+  uint64_t last_mj_ = 0;  // the latest reading: the last update's once there was one
   int updates_ = 0;
-  double first_s_ = 0, last_s_ = 0;
-  uint64_t first_mj_ = 0, update_mj_ = 0;
+  double first_s_ = 0, last_s_ = 0;  // when the first and the last update were seen
+  uint64_t first_mj_ = 0;
   double mhz_sum_ = 0;
   int mhz_count_ = 0;
 };
