@@ -48,6 +48,9 @@ EP_CONFIG=${EP_CONFIG:-config/examples/glm-5.2-ep8.json}  # the whole layer, for
 SUMMARY=()
 note() { SUMMARY+=("$(printf '%-10s %-6s %s' "$1" "$2" "$3")"); }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
+# The awk pattern of a `bench layer` time row (11 fields, T first). The board power table that
+# follows it can hold an 11-field note, so parsing stops at its header.
+TIME_ROW='/^board power/ {exit} $1 ~ /^[0-9]+$/ && NF == 11'
 
 { date -u; nvidia-smi -L; nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem --format=csv; } \
   > "$OUT/device.txt" 2>&1
@@ -136,7 +139,7 @@ bench_rows() {  # label, then gcmoe bench layer flags; appends "label T us floor
     --settle-ms "$SETTLE_MS" --warmup 10 --replays 100 "$@" > /tmp/gcmoe-row.txt 2>&1
   local rc=$?
   cat /tmp/gcmoe-row.txt >> "$OUT/$STAGE_LOG"
-  awk -v l="$label" -v rc=$rc '$1 ~ /^[0-9]+$/ && NF == 11 {printf "%-28s T %4d BM %2d %9.1f us %6s\n", l, $1, $2, $5, $9}
+  awk -v l="$label" -v rc=$rc "$TIME_ROW"' {printf "%-28s T %4d BM %2d %9.1f us %6s\n", l, $1, $2, $5, $9}
        END { if (rc != 0) printf "%-28s FAILED rc %d\n", l, rc }' /tmp/gcmoe-row.txt | tee -a "$OUT/$STAGE_LOG.rows"
 }
 if has variants; then
@@ -198,7 +201,7 @@ if has ab; then
         timeout 150 "$bin" bench layer --config "config/examples/$slice.json" --tokens-per-rank "$TOKENS" \
           --settle-ms "$SETTLE_MS" --warmup 10 --replays 100 $flags > /tmp/gcmoe-ab.txt 2>&1
         note ab-$side $? "$slice round $round"
-        awk -v s="$slice" -v side=$side -v r=$round '$1 ~ /^[0-9]+$/ && NF == 11 {print s, r, side, $1, $5}' \
+        awk -v s="$slice" -v side=$side -v r=$round "$TIME_ROW"' {print s, r, side, $1, $5}' \
           /tmp/gcmoe-ab.txt >> "$OUT/ab.txt"
         # The energy per step, where the build printed its board power table (NVML, settling).
         awk -v s="$slice" -v side=$side -v r=$round '/mJ\/step/ {p = 1; next}
@@ -228,7 +231,7 @@ if has knobs; then
           --tokens-per-rank "$TOKENS" --settle-ms "$SETTLE_MS" --warmup 10 --replays 100 \
           > /tmp/gcmoe-knobs.txt 2>&1
         note knobs $? "$slice round $round: ${variants[$i]}"
-        awk -v s="$slice" -v v="$i" '$1 ~ /^[0-9]+$/ && NF == 11 {print s, v, $1, $5}' \
+        awk -v s="$slice" -v v="$i" "$TIME_ROW"' {print s, v, $1, $5}' \
           /tmp/gcmoe-knobs.txt >> "$OUT/knobs.txt"
       done
     done
