@@ -11,6 +11,7 @@
 
 #include "kernels/layer_types.h"
 #include "kernels/scale_bytes.h"
+#include "kernels/wait_backoff.h"
 
 namespace gcmoe::kernels {
 
@@ -102,10 +103,12 @@ struct WaitEnv {
   WaitDiagnostic* diag;
   const Signals* sig;
   int32_t role;
+  uint32_t max_sleep_ns;  // LayerParams::wait_sleep_ns (NextWaitSleep's long cap)
 };
 
 __device__ __forceinline__ WaitEnv MakeWaitEnv(const LayerParams& p, int role) {
-  return WaitEnv{p.abort_generation, p.header->generation, p.timeout_ns, p.diag, p.sig, role};
+  return WaitEnv{p.abort_generation, p.header->generation, p.timeout_ns, p.diag, p.sig, role,
+                 p.wait_sleep_ns};
 }
 
 __device__ __forceinline__ bool StepAborted(const WaitEnv& env) {
@@ -138,10 +141,10 @@ static __device__ __noinline__ bool WaitAtLeast(WaitEnv env, const uint32_t* fla
   uint32_t seen = system_scope ? LdAcquireSys(flag) : LdAcquireGpu(flag);
   if (seen >= target) return true;
   const uint64_t start = GlobalTimerNs();
-  uint32_t sleep_ns = 32;
+  uint32_t sleep_ns = kFirstWaitSleepNs;
   for (uint32_t spin = 1;; ++spin) {
     __nanosleep(sleep_ns);
-    if (sleep_ns < 512) sleep_ns *= 2;
+    sleep_ns = NextWaitSleep(sleep_ns, spin, env.max_sleep_ns);
     seen = system_scope ? LdAcquireSys(flag) : LdAcquireGpu(flag);
     if (seen >= target) return true;
     if ((spin & 63) == 0) {

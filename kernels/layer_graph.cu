@@ -308,6 +308,7 @@ LayerParams LayerGraph::Params(int bm_index) const {
   p.max_blocks = max_blocks(bm);
   p.sequential = sequential_ ? 1 : 0;
   p.timeout_ns = options_.timeout_ns;
+  p.wait_sleep_ns = options_.wait_sleep_ns;
   p.role1_grid = role1_grid_;
   p.role2_grid = role2_grid(bm);
   p.r2_stages = role2_shape_[bm_index].stages;

@@ -54,6 +54,8 @@ struct LayerGraphOptions {
   // ever spins on a kernel that has not run, which tools that serialize kernels need.
   bool sequential = false;
   uint64_t timeout_ns = 5'000'000'000ull;
+  // LayerParams::wait_sleep_ns (GCMOE_CUDA_WAIT_SLEEP_NS).
+  uint32_t wait_sleep_ns = kDefaultWaitSleepNs;
   bool record_sm_ids = false;                 // role1/role2 CTAs log their SM (tests)
   bool trace_role2 = false;                   // role2 records every task's timeline (TaskTrace)
   GemmKernel gemm = GemmKernel::kStreamBf16;  // role2's kernel (layer_roles.h)

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/host_device.h"
+#include "kernels/wait_backoff.h"
 
 namespace gcmoe::kernels {
 
@@ -275,6 +276,8 @@ struct LayerParams {
   // tokens' rows from it; the shared expert reads it); the scale arrays of ring, h_q and hs_q
   // stay unused. x_q / x_s (what peers read) stay E4M3.
   int32_t act_bf16 = 0;
+  // The spin waits' longest sleep between two polls (wait_backoff.h).
+  uint32_t wait_sleep_ns = kDefaultWaitSleepNs;
 
   const StepHeader* header;
   const RingBlock* blocks;    // [max_blocks]

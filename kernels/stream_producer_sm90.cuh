@@ -34,10 +34,10 @@ __device__ __forceinline__ bool WaitFlagInline(const WaitEnv& env, const uint32_
                                                uint32_t target, int what, int index) {
   if (LdAcquireGpu(flag) >= target) return true;
   const uint64_t start = GlobalTimerNs();
-  uint32_t sleep_ns = 32;
+  uint32_t sleep_ns = kFirstWaitSleepNs;
   for (uint32_t spin = 1;; ++spin) {
     __nanosleep(sleep_ns);
-    if (sleep_ns < 512) sleep_ns *= 2;
+    sleep_ns = NextWaitSleep(sleep_ns, spin, env.max_sleep_ns);
     if (LdAcquireGpu(flag) >= target) return true;
     if ((spin & 63) == 0) {
       if (StepAborted(env)) return false;
