@@ -143,7 +143,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   const int wait_timeout_ms = std::max(1, EnvInt("GCMOE_CUDA_WAIT_TIMEOUT_MS", 5000));
   graph_options.timeout_ns = static_cast<uint64_t>(wait_timeout_ms) * 1000000ull;
   graph_options.wait_sleep_ns = static_cast<uint32_t>(
-      std::clamp(EnvInt("GCMOE_CUDA_WAIT_SLEEP_NS", kernels::kDefaultWaitSleepNs), 512, 1000000));
+      std::clamp(EnvInt("GCMOE_CUDA_WAIT_SLEEP_NS", kernels::kDefaultWaitSleepNs),
+                 static_cast<int>(kernels::kShortWaitSleepNs), 1000000));
   graph_options.record_sm_ids = EnvInt("GCMOE_CUDA_RECORD_SM_IDS", 0) != 0;
   // Diagnostics: role2's task timeline, logged after every step (kernels/role2_trace.h).
   graph_options.trace_role2 = EnvInt("GCMOE_CUDA_TRACE", 0) != 0;

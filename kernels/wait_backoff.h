@@ -22,11 +22,11 @@ inline constexpr uint32_t kShortWaitSleepNs = 512;
 inline constexpr uint32_t kShortWaitSpins = 32;
 inline constexpr uint32_t kDefaultWaitSleepNs = 4096;
 
-// The sleep after poll `spin` (1, 2, ...) missed, given the sleep before it.
+// The sleep after poll `spin` (1, 2, ...) missed, given the sleep before it. The long cap is at
+// least kShortWaitSleepNs (the backend clamps GCMOE_CUDA_WAIT_SLEEP_NS to it).
 GCMOE_HOST_DEVICE constexpr uint32_t NextWaitSleep(uint32_t sleep_ns, uint32_t spin,
                                                    uint32_t long_cap_ns) {
-  const uint32_t short_cap = long_cap_ns < kShortWaitSleepNs ? long_cap_ns : kShortWaitSleepNs;
-  const uint32_t cap = spin < kShortWaitSpins ? short_cap : long_cap_ns;
+  const uint32_t cap = spin < kShortWaitSpins ? kShortWaitSleepNs : long_cap_ns;
   if (sleep_ns >= cap) return sleep_ns;
   return 2 * sleep_ns < cap ? 2 * sleep_ns : cap;
 }
