@@ -187,7 +187,8 @@ CudaBackend::CudaBackend(const BackendOptions& options, std::unique_ptr<kernels:
     : options_(options),
       graph_(std::move(graph)),
       merge_tails_(EnvInt("GCMOE_CUDA_MERGE_TAILS", 1) != 0),
-      heaviest_first_(EnvInt("GCMOE_CUDA_HEAVIEST_FIRST", 1) != 0) {}
+      heaviest_first_(EnvInt("GCMOE_CUDA_HEAVIEST_FIRST", 1) != 0),
+      direct_rows_(EnvInt("GCMOE_CUDA_DIRECT_ROWS", 1) != 0) {}
 
 Status CudaBackend::SelectDevice() const {
   const cudaError_t err = cudaSetDevice(options_.device);
@@ -548,6 +549,13 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   header.ws1 = static_cast<const uint8_t*>(lw.ws1);
   header.ws2 = static_cast<const uint8_t*>(lw.ws2);
   header.scale_shift = lw.scale_shift;
+  header.direct_rows =
+      direct_rows_ && !alltoall_ && options_.world_size == 1 && rows >= graph_->role1_grid() &&
+      kernels::Bf16ActOrder(graph_->gemm_kernel(), bm) != 0 &&
+      static_cast<int>(blocks.size()) <= graph_->ring_blocks(bm) &&
+      BuildDirectRows(*ctx.plan, tables_,
+                      std::span<const int32_t>(ctx.topk_ids, static_cast<size_t>(T) * k), bm,
+                      &direct_rows_host_);
 
   cudaStream_t s = graph_->stream();
   const size_t in_bytes = static_cast<size_t>(T) * H * DTypeBytes(ctx.hidden.dtype);
@@ -575,6 +583,10 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
     if (err == cudaSuccess) {
       err = cudaMemcpyAsync(graph_->topk_weights(), ctx.topk_weights, sizeof(float) * T * k,
                             cudaMemcpyHostToDevice, s);
+    }
+    if (err == cudaSuccess && header.direct_rows) {
+      err = cudaMemcpyAsync(graph_->direct_rows(), direct_rows_host_.data(),
+                            sizeof(int32_t) * direct_rows_host_.size(), cudaMemcpyHostToDevice, s);
     }
   }
   if (err == cudaSuccess && trace_role2_) err = graph_->ClearRole2Trace();

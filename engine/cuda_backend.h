@@ -18,6 +18,8 @@
 //                                sequence with P > 1 (see Create)
 //   GCMOE_CUDA_WAIT_TIMEOUT_MS=N device spin-wait limit (default 5000)
 //   GCMOE_CUDA_RECORD_SM_IDS=1   role1/role2 CTAs log their SM (ReadSmIds)
+//   GCMOE_CUDA_DIRECT_ROWS=0     one rank: role1 pulls ring blocks by pieces as with peers
+//                                (default: it writes each assignment's ring row directly)
 //   GCMOE_CUDA_GEMM=K            role2 kernel: bf16-wgmma (default: warp-specialized bulk-copy
 //                                pipeline, exact BF16 operands, mma.sync BF16 below BM 64 and
 //                                register-A BF16 wgmma at BM 64), bf16 (the same with mma.sync at
@@ -128,6 +130,14 @@ class CudaBackend final : public Backend {
   // are its shortest (1.010-1.015x at T = 128, within 0.3 % elsewhere, on the synthetic slices:
   // docs/PERFORMANCE.md, session 17). GCMOE_CUDA_HEAVIEST_FIRST=0: expert id order.
   bool heaviest_first_ = true;
+  // One rank, the bf16 role2, no ring slot reused, at least as many rows as role1 has CTAs:
+  // role1 writes each assignment's row straight into the ring (StepHeader::direct_rows) instead
+  // of pulling ring blocks by pieces. That halves role1 at GLM-5.2 T = 256 (14 against 29 us,
+  // ncu) and took the step 1.007-1.030x faster at T = 128 and 256; with fewer rows the pull
+  // spreads them over every CTA, where direct rows stay on the CTAs that quantized the token
+  // (0.984-0.995x at T = 1 and 8; H200, 2026-12-03, docs/PERFORMANCE.md).
+  // GCMOE_CUDA_DIRECT_ROWS=0: the pull, as with peers.
+  bool direct_rows_ = true;
   bool connected_ = false;
   bool alltoall_ = false;     // exchange "nccl"
   bool trace_role2_ = false;  // GCMOE_CUDA_TRACE
@@ -139,8 +149,9 @@ class CudaBackend final : public Backend {
 
   // Host copies of the step tables, storage reused.
   GpuStepTables tables_;
-  AllToAllLayout records_;   // the baseline's dispatch round
-  AllToAllLayout partials_;  // and its return round
+  std::vector<int32_t> direct_rows_host_;  // BuildDirectRows
+  AllToAllLayout records_;                 // the baseline's dispatch round
+  AllToAllLayout partials_;                // and its return round
 };
 
 }  // namespace gcmoe::engine

@@ -44,4 +44,11 @@ int64_t RowsComputedBy(const StepPlan& plan, int rank);
 void BuildGpuStepTables(const StepPlan& plan, int rank, std::span<const int> slot_of, int bm,
                         int max_tail_rows, GpuStepTables* tables, bool heaviest_first = false);
 
+// One rank's ring row of every assignment (kernels::StepHeader::direct_rows), [T * k]: block *
+// bm + r, where `tables` (of this plan, rank 0, block size bm) put it, or -1 for an unused slot.
+// An expert's assignments take its positions in order of token, then slot, as role1 numbers
+// them. Only for a plan of one rank (false otherwise).
+bool BuildDirectRows(const StepPlan& plan, const GpuStepTables& tables,
+                     std::span<const int32_t> topk_ids, int bm, std::vector<int32_t>* rows);
+
 }  // namespace gcmoe::engine

@@ -14,6 +14,10 @@
 //      pieces of its rows, one CTA each; a piece's rows (codes, scales) and metadata are
 //      copied, then one is added to ring_full[slot]. Role2 acquires the slot at
 //      RingFullTarget before its W1 tasks read it (layer_types.h).
+//   Direct rows (StepHeader::direct_rows: one rank, the bf16 role2, the host's ring row of every
+//   assignment in LayerParams::direct_rows): A writes each token's BF16 values into its slots'
+//   ring rows and their metadata, instead of routing; after B every block is marked full at once
+//   and there is no pull.
 //
 // Counters written here are reset by role3 for the next replay (see layer_types.h Signals).
 #include <cstdint>
@@ -42,6 +46,7 @@ __global__ void __launch_bounds__(kRoleThreads)
                              // still read s_go when thread 0 starts the first slot wait)
   __shared__ int s_route_hits[kWarps];                       // phase A: an expert's hits per warp
   __shared__ uint4 s_rows[kBlockSizes[kNumBlockSizes - 1]];  // a piece's receive entries
+  __shared__ uint4 s_stage[kWarps][32][4];  // direct rows: each lane's block as BF16 (64 bytes)
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   // A role2 launched behind this kernel with programmatic serialization (the roles in sequence,
@@ -57,13 +62,50 @@ __global__ void __launch_bounds__(kRoleThreads)
   const int world = p.dims.world_size;
   const uint32_t parity = p.sig->parity;  // set by the previous replay's role3
 
+  // Direct rows (one rank, StepHeader::direct_rows): phase A writes each token's BF16 values
+  // into the ring rows of its slots and their metadata, so phase C only marks the blocks full.
+  const bool direct = hdr.direct_rows != 0;
   // A. Quantize, one thread per 32-value block of the grid's (row, block) items: at decode
   // sizes a warp per row would serialize a row's loads (the step's first latency).
   const int row_blocks = H / 32;
+  // Without a shared expert nothing reads x_bf once role1 writes the ring rows itself.
+  uint16_t* x_bf = direct && p.dims.shared_intermediate == 0 ? nullptr : p.x_bf;
+  // Where a warp's 32 lanes cover 32 blocks of one row (H a multiple of 1024), the warp stores
+  // each ring row's 2 KB from s_stage 16 bytes a lane, 512 contiguous bytes per instruction; each
+  // lane storing its own 64 bytes into every slot's row made role1 as slow as the pull it
+  // replaces (28 against 29 us at GLM-5.2 T = 256, ncu, H200, 2026-12-03).
+  const bool coalesce = direct && row_blocks % 32 == 0;
+  uint16_t* ring_bf = reinterpret_cast<uint16_t*>(p.ring);
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < T * row_blocks;
        i += gridDim.x * blockDim.x) {
-    QuantizeBlock(p.hidden_in, p.hidden_scales_in, hdr.in_dtype, H, i / row_blocks, i % row_blocks,
-                  p.x_q, p.x_s, p.x_bf, p.act_bf16);
+    const int row = i / row_blocks;
+    const int b = i % row_blocks;
+    QuantizeBlock(p.hidden_in, p.hidden_scales_in, hdr.in_dtype, H, row, b, p.x_q, p.x_s, x_bf,
+                  p.act_bf16, direct ? reinterpret_cast<uint16_t*>(s_stage[warp][lane]) : nullptr);
+    if (!direct) continue;
+    const int32_t* dest = p.direct_rows + static_cast<int64_t>(row) * k;
+    if (coalesce) __syncwarp();
+    for (int s = 0; s < k; ++s) {
+      const int32_t ring_row = __ldg(&dest[s]);
+      if (ring_row < 0) continue;  // the warp's lanes agree where they coalesce: one row
+      if (coalesce) {
+        uint4* to = reinterpret_cast<uint4*>(ring_bf + static_cast<int64_t>(ring_row) * H +
+                                             (b - lane) * 32);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) to[32 * u + lane] = s_stage[warp][8 * u + lane / 4][lane % 4];
+      } else {
+        uint4* to = reinterpret_cast<uint4*>(ring_bf + static_cast<int64_t>(ring_row) * H + b * 32);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) to[u] = s_stage[warp][lane][u];
+      }
+    }
+    if (coalesce) __syncwarp();  // s_stage is the next item's
+  }
+  if (direct) {
+    for (int a = blockIdx.x * blockDim.x + threadIdx.x; a < T * k; a += gridDim.x * blockDim.x) {
+      const int32_t row = __ldg(&p.direct_rows[a]);
+      if (row >= 0) p.meta[row] = RowMeta{a / k, a % k, p.dims.rank, __ldg(&p.topk_weights[a])};
+    }
   }
   // A. Route: receive entries at the computing rank. A CTA per expert: its warps split the
   // assignments into kWarps runs of 32-assignment groups, count their run's hits, then number
@@ -88,8 +130,9 @@ __global__ void __launch_bounds__(kRoleThreads)
     }
   };
   // The grid's last CTAs take the experts: the quantization's grid-stride loop gives its items
-  // to the first ones.
-  for (int e = gridDim.x - 1 - blockIdx.x; e < p.dims.num_experts; e += gridDim.x) {
+  // to the first ones. None with direct rows: phase A wrote every row and its metadata.
+  for (int e = direct ? p.dims.num_experts : gridDim.x - 1 - blockIdx.x; e < p.dims.num_experts;
+       e += gridDim.x) {
     int hits = 0;
     for (int g0 = g_begin; g0 < g_end; g0 += kRouteBatch) {
       int32_t id[kRouteBatch];
@@ -157,6 +200,16 @@ __global__ void __launch_bounds__(kRoleThreads)
   const int n1 = p.dims.intermediate / 32;  // W1 tiles that read each ring block
   const int scale_bytes = H / 32;
   const int parts = PullParts(hdr.num_blocks, p.role1_grid);  // as role2 derives it
+  if (direct) {
+    // Every block's rows are in place (phase B): each its full count of pieces at once, past
+    // the barrier's acquire.
+    if (threadIdx.x == 0) {
+      for (int b = blockIdx.x; b < hdr.num_blocks; b += gridDim.x) {
+        RedAddReleaseGpu(&p.ring_full[b], static_cast<uint32_t>(parts));
+      }
+    }
+    return;
+  }
   for (int piece = blockIdx.x; piece < hdr.num_blocks * parts; piece += gridDim.x) {
     const int b = piece / parts;
     const int slot = b % p.ring_blocks;

@@ -206,6 +206,7 @@ cudaError_t LayerGraph::Allocate() {
   alloc(&hidden_scales_in_, cap * H / 32);
   alloc(&topk_ids_, cap * k * 4);
   alloc(&topk_weights_, cap * k * 4);
+  alloc(&direct_rows_, cap * k * 4);
   // The exchange region: what peers read or write, at offsets fixed by the dimensions. Scale
   // rows are read in aligned 16-byte windows (the streaming role2): 16 bytes of slack.
   const int64_t exchange_parts[] = {cap_rows * H, cap_rows * H / 32 + 16,
@@ -321,6 +322,7 @@ LayerParams LayerGraph::Params(int bm_index) const {
   p.hidden_scales_in = hidden_scales_in_;
   p.topk_ids = topk_ids_;
   p.topk_weights = topk_weights_;
+  p.direct_rows = direct_rows_;
   p.x_q = x_q_;
   p.x_s = x_s_;
   p.x_bf = x_bf_;

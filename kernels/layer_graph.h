@@ -92,7 +92,8 @@ class LayerGraph {
   uint8_t* hidden_scales_in() const { return hidden_scales_in_; }  // [capacity, H/32]
   int32_t* topk_ids() const { return topk_ids_; }                  // [capacity, k]
   float* topk_weights() const { return topk_weights_; }
-  const void* output() const { return out_; }  // [capacity, H] x 4 bytes
+  int32_t* direct_rows() const { return direct_rows_; }  // [capacity, k]
+  const void* output() const { return out_; }            // [capacity, H] x 4 bytes
 
   // One replay of the graph for block size bm (8, 16, 32 or 64) on stream(). merged_tails: the
   // step's blocks may carry merged tails (RingBlock::tail_rows > 0). A BM 64 step without them
@@ -171,6 +172,7 @@ class LayerGraph {
   uint8_t* hidden_scales_in_ = nullptr;
   int32_t* topk_ids_ = nullptr;
   float* topk_weights_ = nullptr;
+  int32_t* direct_rows_ = nullptr;
   uint8_t* x_q_ = nullptr;
   uint8_t* x_s_ = nullptr;
   RowMeta* recv_ = nullptr;

@@ -79,7 +79,8 @@ struct RingBlock {
 // blocks than role1 has CTAs: with one CTA per block, GLM-5.2 T = 256 (45 blocks on 132 CTAs)
 // took 66 us in role1 (H200, 2026-12-02). ring_full[slot] counts the pieces: generation g of a
 // slot (logical block g * R + slot) is complete once it reaches (g + 1) * parts. Every role that
-// fills or awaits a slot derives `parts` from the step's block count and role1's grid.
+// fills or awaits a slot derives `parts` from the step's block count and role1's grid. (With
+// direct rows role1 adds all `parts` of a block at once: StepHeader::direct_rows.)
 inline constexpr int kMaxPullParts = 16;
 GCMOE_HOST_DEVICE constexpr int PullParts(int num_blocks, int role1_grid) {
   if (num_blocks <= 0) return 1;
@@ -119,7 +120,10 @@ struct StepHeader {
   int32_t num_shared_blocks;  // ceil(T_r / BM) with a shared expert, else 0
   int32_t a2a_send_rows;      // NCCL all-to-all baseline: records this rank sends (all ranks)
   int32_t a2a_recv_rows;      // ... and receives (all ranks, itself included)
-  int32_t pad;
+  // 1: role1 writes every assignment's BF16 row straight into its ring row
+  // (LayerParams::direct_rows) and fills no ring block by pieces (one rank, bf16 role2, no slot
+  // reused within the step).
+  int32_t direct_rows;
   // The step's layer: tiled weights (weight_tiles_sm90.h), all held experts back to back.
   const uint8_t* w1;   // [local_experts][I/32 tiles]
   const uint8_t* w2;   // [local_experts][H/64 tiles]
@@ -287,6 +291,8 @@ struct LayerParams {
   const uint8_t* hidden_scales_in;  // [T, H/32], FP8 input only
   const int32_t* topk_ids;          // [T, k]
   const float* topk_weights;        // [T, k]
+  // With header->direct_rows: each assignment's ring row (block * BM + row, as meta), or -1.
+  const int32_t* direct_rows;  // [T, k]
   // This rank's buffers (peers reach theirs through `peers`).
   uint8_t* x_q;          // [capacity + 64, H]
   uint8_t* x_s;          // [capacity + 64, H/32]

@@ -15,15 +15,18 @@
 namespace gcmoe::kernels {
 
 // One 32-value block (8 words of E4M3 codes, its scale code) as BF16 in `order`
-// (LayerParams::act_bf16, bf16_operands.h).
+// (LayerParams::act_bf16, bf16_operands.h) at `dst` and at `also`, each if not null.
 __device__ __forceinline__ void StoreBf16Block(const uint32_t (&codes)[8], uint32_t scale_code,
-                                               int order, uint16_t* dst) {
+                                               int order, uint16_t* dst, uint16_t* also = nullptr) {
   uint32_t out[16];
   E4m3BlockToBf16(codes, scale_code, order, out);
-  uint4* d = reinterpret_cast<uint4*>(dst);
+  for (uint16_t* to : {dst, also}) {
+    if (to == nullptr) continue;
+    uint4* d = reinterpret_cast<uint4*>(to);
 #pragma unroll
-  for (int u = 0; u < 4; ++u)
-    d[u] = make_uint4(out[4 * u], out[4 * u + 1], out[4 * u + 2], out[4 * u + 3]);
+    for (int u = 0; u < 4; ++u)
+      d[u] = make_uint4(out[4 * u], out[4 * u + 1], out[4 * u + 2], out[4 * u + 3]);
+  }
 }
 
 // Block b (32 values) of an E4M3 row (codes, scales), loaded: its codes and the scale word that
@@ -65,12 +68,12 @@ __device__ __forceinline__ void WarpRowToBf16(const uint8_t* codes, const uint8_
 }
 
 // Block b (32 values) of request row `row`, one thread: 32 values in, 32 E4M3 codes and one
-// scale out (and, with x_bf, the block's BF16 values in `order`); an FP8 request block is copied
-// as it is.
+// scale out (and, with x_bf or bf16_also, the block's BF16 values in `order`: in x_bf's row and
+// at bf16_also, 64 bytes); an FP8 request block is copied as it is.
 __device__ __forceinline__ void QuantizeBlock(const void* hidden, const uint8_t* hidden_scales,
                                               int in_dtype, int hidden_size, int row, int b,
-                                              uint8_t* x_q, uint8_t* x_s, uint16_t* x_bf,
-                                              int order) {
+                                              uint8_t* x_q, uint8_t* x_s, uint16_t* x_bf, int order,
+                                              uint16_t* bf16_also = nullptr) {
   const int blocks = hidden_size / 32;
   const int64_t row_offset = static_cast<int64_t>(row) * hidden_size;
   uint8_t* q_row = x_q + row_offset;
@@ -81,10 +84,15 @@ __device__ __forceinline__ void QuantizeBlock(const void* hidden, const uint8_t*
     dst[0] = reinterpret_cast<const uint4*>(src)[0];
     dst[1] = reinterpret_cast<const uint4*>(src)[1];
     s_row[b] = hidden_scales[static_cast<int64_t>(row) * blocks + b];
-    if (x_bf != nullptr) {
-      E4m3BlockToBf16Row(static_cast<const uint8_t*>(hidden) + row_offset,
-                         hidden_scales + static_cast<int64_t>(row) * blocks, b, false, order,
-                         x_bf + row_offset);
+    if (x_bf != nullptr || bf16_also != nullptr) {
+      uint4 lo, hi;
+      uint32_t scale_word;
+      LoadE4m3Block(static_cast<const uint8_t*>(hidden) + row_offset,
+                    hidden_scales + static_cast<int64_t>(row) * blocks, b, false, &lo, &hi,
+                    &scale_word);
+      const uint32_t codes[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      StoreBf16Block(codes, (scale_word >> (8 * (b % 4))) & 0xFFu, order,
+                     x_bf != nullptr ? x_bf + row_offset + b * 32 : nullptr, bf16_also);
     }
     return;
   }
@@ -135,7 +143,10 @@ __device__ __forceinline__ void QuantizeBlock(const void* hidden, const uint8_t*
   dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
   dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
   s_row[b] = static_cast<uint8_t>(code);
-  if (x_bf != nullptr) StoreBf16Block(packed, code, order, x_bf + row_offset + b * 32);
+  if (x_bf != nullptr || bf16_also != nullptr) {
+    StoreBf16Block(packed, code, order, x_bf != nullptr ? x_bf + row_offset + b * 32 : nullptr,
+                   bf16_also);
+  }
 }
 
 // Lane `lane` converts blocks lane, lane + 32, ... of row `row` (QuantizeBlock).

@@ -237,5 +237,73 @@ TEST(GpuStepTables, RoutingAndPackingAgreeWithTheKernelsOnRandomSteps) {
   EXPECT_EQ(steps, 200);
 }
 
+// One rank's direct rows (role1 writing each assignment's ring row itself) against a simulation
+// of the pull they replace: role1 numbers an expert's assignments in order of token, then slot,
+// puts position i at receive row home_base + i, and block b's ring row b * bm + r holds receive
+// row row_begin + r.
+TEST(GpuStepTables, DirectRowsAreWhereThePullPutsEachAssignment) {
+  std::mt19937_64 rng(20261203);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int E = 4 + static_cast<int>(rng() % 29);
+    const int k = 1 + static_cast<int>(rng() % 8);
+    const int T = static_cast<int>(rng() % 300);
+    const int bm = 8 << (rng() % 4);
+    std::vector<int32_t> ids(static_cast<size_t>(T) * k, -1);
+    std::vector<int64_t> counts(E, 0);
+    for (int t = 0; t < T; ++t) {
+      std::set<int> chosen;  // distinct experts per token, some slots unused
+      for (int j = 0; j < k; ++j) {
+        const int e = static_cast<int>(rng() % E);
+        if (rng() % 6 == 0 || !chosen.insert(e).second) continue;
+        ids[static_cast<size_t>(t) * k + j] = e;
+        ++counts[e];
+      }
+    }
+    balancer::Split split;
+    split.home_tokens = counts;
+    StepPlan plan;
+    const std::vector<int> tokens = {T};
+    ASSERT_TRUE(
+        BuildStepPlan(tokens, counts, E, balancer::ContiguousPlacement(1, E), split, &plan).ok());
+    std::vector<int> slot_of(E);
+    std::iota(slot_of.begin(), slot_of.end(), 0);
+    const int max_tail = trial % 3 == 0 ? 0 : 1 + static_cast<int>(rng() % bm);
+    GpuStepTables tables;
+    BuildGpuStepTables(plan, 0, slot_of, bm, max_tail, &tables, trial % 2 == 1);
+    std::vector<int32_t> direct;
+    ASSERT_TRUE(BuildDirectRows(plan, tables, ids, bm, &direct));
+    ASSERT_EQ(direct.size(), ids.size());
+
+    std::vector<int> seen(E, 0);
+    std::set<int32_t> used;
+    for (size_t a = 0; a < ids.size(); ++a) {
+      const int e = ids[a];
+      if (e < 0) {
+        ASSERT_EQ(direct[a], -1) << "trial " << trial << " assignment " << a;
+        continue;
+      }
+      const kernels::ExpertRoute& route = tables.routes[e];
+      const int64_t receive_row = route.home_base + seen[e]++;
+      int64_t ring_row = -1;  // the pull's ring row of that receive row
+      for (size_t b = 0; b < tables.blocks.size(); ++b) {
+        const kernels::RingBlock& block = tables.blocks[b];
+        if (receive_row >= block.row_begin && receive_row < block.row_begin + block.rows) {
+          ASSERT_EQ(block.local_slot, slot_of[e]);
+          ring_row = static_cast<int64_t>(b) * bm + (receive_row - block.row_begin);
+        }
+      }
+      ASSERT_EQ(direct[a], ring_row) << "trial " << trial << " assignment " << a;
+      ASSERT_TRUE(used.insert(direct[a]).second) << "ring row " << direct[a] << " twice";
+    }
+    ASSERT_EQ(static_cast<int64_t>(used.size()), tables.rows);
+  }
+  // Peers pull their rows: no direct rows for a plan of two ranks.
+  std::mt19937_64 rng2(7);
+  const RandomStep two = MakeStep(2, 8, &rng2);
+  GpuStepTables tables;
+  std::vector<int32_t> direct;
+  EXPECT_FALSE(BuildDirectRows(two.plan, tables, std::vector<int32_t>(4, 0), 8, &direct));
+}
+
 }  // namespace
 }  // namespace gcmoe::engine
