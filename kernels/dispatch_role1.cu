@@ -36,9 +36,9 @@ constexpr int kPullBatch = 4;   // 32-value blocks of other ranks' rows a thread
 constexpr int kCopyBatch = 8;   // 16-byte copies of this rank's own BF16 rows a thread has in
                                 // flight per round (phase C)
 
-// Unbounded registers (114): capped at 80 so that role2, launched programmatically behind it,
-// keeps two of its CTAs per SM resident beside role1's instead of one, it spilled 64 bytes and
-// measured 0.989-0.999x of this (H200, 2026-12-02).
+// Registers unbounded (ptxas: 128 a thread, 2026-12-03), so that beside a role1 CTA only one
+// BM 64 role2 CTA of three is resident. A cap of 80, which keeps two, spilled 64 bytes and
+// measured 0.989-0.999x of the unbounded kernel (114 registers then; H200, 2026-12-02).
 __global__ void __launch_bounds__(kRoleThreads)
     DispatchRole1Kernel(const __grid_constant__ LayerParams p) {
   __shared__ int s_go;       // phase B's outcome
