@@ -121,21 +121,13 @@ void BuildGpuStepTables(const StepPlan& plan, int rank, std::span<const int> slo
 bool BuildDirectRows(const StepPlan& plan, const GpuStepTables& tables,
                      std::span<const int32_t> topk_ids, int bm, std::vector<int32_t>* rows) {
   if (plan.world_size != 1) return false;
-  // Receive row -> ring row, from the blocks.
-  std::vector<int32_t> ring_row(static_cast<size_t>(tables.rows), -1);
-  for (size_t b = 0; b < tables.blocks.size(); ++b) {
-    const kernels::RingBlock& blk = tables.blocks[b];
-    for (int r = 0; r < blk.rows; ++r) {
-      ring_row[static_cast<size_t>(blk.row_begin + r)] = static_cast<int32_t>(b) * bm + r;
-    }
-  }
-  std::vector<int64_t> next(static_cast<size_t>(plan.num_experts), 0);
+  // An expert's blocks are adjacent and all full but its last, so its position i lies at ring
+  // row first_block * bm + i (as the NCCL baseline unpacks it).
+  std::vector<int32_t> next(static_cast<size_t>(plan.num_experts), 0);
   rows->assign(topk_ids.size(), -1);
   for (size_t a = 0; a < topk_ids.size(); ++a) {
     const int e = topk_ids[a];
-    if (e < 0) continue;
-    const int64_t index = tables.routes[static_cast<size_t>(e)].home_base + next[e]++;
-    (*rows)[a] = ring_row[static_cast<size_t>(index)];
+    if (e >= 0) (*rows)[a] = tables.routes[static_cast<size_t>(e)].first_block * bm + next[e]++;
   }
   return true;
 }
