@@ -18,7 +18,7 @@ namespace {
 constexpr double kMinAttainment = 0.995;
 
 std::string DataPath(const std::string& relative) {
-  return std::string(GCMOE_SHARED_DATA_DIR) + "/routing/" + relative;
+  return std::string(GCMOE_DATA_DIR) + "/routing/" + relative;
 }
 
 // The data is part of the test: a missing directory is a failure, never a skip.
@@ -26,8 +26,7 @@ std::string DataPath(const std::string& relative) {
   if (std::filesystem::exists(path)) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
          << "routing data not found at " << path
-         << "; configure with -DGCMOE_SHARED_DATA_DIR=<dir holding routing/> (see "
-            "data/routing/README.md)";
+         << " (the traces are part of the repository: data/routing/README.md)";
 }
 
 struct Measured {
