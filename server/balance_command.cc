@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "balancer/eplb.h"
+#include "common/flags.h"
 #include "server/balance_replay.h"
 #include "server/balance_trace.h"
 #include "server/commands.h"
-#include "server/flags.h"
 
 namespace gcmoe::server {
 namespace {

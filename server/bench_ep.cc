@@ -38,6 +38,7 @@
 #include "balancer/placement.h"
 #include "balancer/relief.h"
 #include "balancer/topology.h"
+#include "common/flags.h"
 #include "config/config.h"
 #include "engine/nccl_comm.h"
 #include "engine/numerics.h"
@@ -46,7 +47,6 @@
 #include "server/bench_rendezvous.h"
 #include "server/bench_util.h"
 #include "server/engine_config.h"
-#include "server/flags.h"
 
 #if GCMOE_HAVE_CUDA
 #include "engine/cuda_backend.h"

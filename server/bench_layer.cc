@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "balancer/balancer.h"
+#include "common/flags.h"
 #include "config/config.h"
 #include "engine/backend.h"
 #include "engine/numerics.h"
@@ -34,7 +35,6 @@
 #include "server/bench_random_weights.h"
 #include "server/bench_util.h"
 #include "server/engine_config.h"
-#include "server/flags.h"
 #include "server/gpu_power_meter.h"
 
 #if GCMOE_HAVE_CUDA
@@ -148,6 +148,7 @@ int RunBenchLayer(int argc, char** argv) {
   }
 
 #if !GCMOE_HAVE_CUDA
+  (void)nondeterministic;  // counted by the GPU steps only
   std::fprintf(stderr, "gcmoe bench layer: this gcmoe was built without CUDA\n");
   return 1;
 #else

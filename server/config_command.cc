@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "common/flags.h"
 #include "config/config.h"
 #include "server/commands.h"
-#include "server/flags.h"
 
 namespace gcmoe::server {
 namespace {

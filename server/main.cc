@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "client/command.h"
 #include "server/commands.h"
 
 namespace {
@@ -19,7 +20,7 @@ constexpr Command kCommands[] = {
     {"coordinator", gcmoe::server::RunCoordinatorCommand,
      "run the coordinator only; ranks attach to it (systemd, Kubernetes)"},
     {"rank", gcmoe::server::RunRankCommand, "run one rank process that attaches to a coordinator"},
-    {"client", gcmoe::server::RunClientCommand,
+    {"client", gcmoe::client::RunClientCommand,
      "call a running service: forward | info | stats | health"},
     {"config", gcmoe::server::RunConfigCommand,
      "config files: validate FILE | show | default"},

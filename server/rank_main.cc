@@ -7,9 +7,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/flags.h"
 #include "server/command_config.h"
 #include "server/commands.h"
-#include "server/flags.h"
 #include "server/logging.h"
 #include "server/rank_process.h"
 #include "server/signals.h"

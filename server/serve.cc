@@ -9,10 +9,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/flags.h"
 #include "server/command_config.h"
 #include "server/commands.h"
 #include "server/coordinator_server.h"
-#include "server/flags.h"
 #include "server/logging.h"
 #include "server/rank_supervisor.h"
 #include "server/signals.h"

@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <string>
 
+#include "common/flags.h"
 #include "engine/model_spec.h"
 #include "engine/weights.h"
 #include "server/commands.h"
-#include "server/flags.h"
 
 namespace gcmoe::server {
 namespace {

@@ -6,10 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include "client/npy.h"
 #include "engine/numerics.h"
 #include "engine/reference_layer.h"
 #include "engine/weights.h"
-#include "server/client_npy.h"
 #include "tests/server/service_harness.h"
 
 namespace gcmoe::server::testing {

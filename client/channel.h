@@ -7,7 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-namespace gcmoe::server::client {
+namespace gcmoe::client {
 
 // Responses carry [T, H] outputs far past gRPC's 4 MiB default; the channel accepts up to this
 // much unless the server announces a larger limit (ModelInfo.max_message_bytes).
@@ -31,4 +31,4 @@ bool IsUnreachable(grpc::Channel* channel, const grpc::Status& status);
 std::string DescribeFailure(const std::string& addr, const std::string& rpc, grpc::Channel* channel,
                             const grpc::Status& status);
 
-}  // namespace gcmoe::server::client
+}  // namespace gcmoe::client

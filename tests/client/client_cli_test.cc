@@ -15,12 +15,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/numerics.h"
+#include "client/command.h"
+#include "client/npy.h"
+#include "common/number_formats.h"
 #include "gcmoe/v1/moe.grpc.pb.h"
-#include "server/client_npy.h"
-#include "server/commands.h"
 
-namespace gcmoe::server {
+namespace gcmoe::client {
 namespace {
 
 using ::testing::HasSubstr;
@@ -380,4 +380,4 @@ TEST(ClientCli, UsageAndFlagErrors) {
 }
 
 }  // namespace
-}  // namespace gcmoe::server
+}  // namespace gcmoe::client

@@ -5,10 +5,10 @@
 #include <cstdint>
 #include <string>
 
+#include "client/tensors.h"
 #include "common/status.h"
-#include "server/client_tensors.h"
 
-namespace gcmoe::server::client {
+namespace gcmoe::client {
 
 struct RandomRequestOptions {
   int tokens = 0;
@@ -34,4 +34,4 @@ std::vector<double> ExpertPopularity(int experts, double skew, uint64_t populari
 // int32/int64) and DIR/topk_weights.npy ([T, k] float32/float64).
 Result<RequestArrays> ReadRequestDir(const std::string& dir);
 
-}  // namespace gcmoe::server::client
+}  // namespace gcmoe::client

@@ -10,7 +10,7 @@
 #include "common/status.h"
 #include "gcmoe/v1/moe.pb.h"
 
-namespace gcmoe::server::client {
+namespace gcmoe::client {
 
 // What one Forward carries, before encoding. Row-major.
 struct RequestArrays {
@@ -43,4 +43,4 @@ bool ParseDTypeName(const std::string& name, v1::DType* dtype);
 // BF16 -> "bf16", FP8_E4M3 -> "fp8_e4m3", ...
 std::string DTypeName(v1::DType dtype);
 
-}  // namespace gcmoe::server::client
+}  // namespace gcmoe::client

@@ -13,7 +13,7 @@
 
 #include "common/status.h"
 
-namespace gcmoe::server {
+namespace gcmoe {
 
 class Flags {
  public:
@@ -59,4 +59,4 @@ class Flags {
   bool help_requested_ = false;
 };
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe

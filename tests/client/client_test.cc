@@ -8,13 +8,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "engine/numerics.h"
-#include "server/client_npy.h"
-#include "server/client_requests.h"
-#include "server/client_summary.h"
-#include "server/client_tensors.h"
+#include "client/npy.h"
+#include "client/requests.h"
+#include "client/summary.h"
+#include "client/tensors.h"
+#include "common/number_formats.h"
 
-namespace gcmoe::server::client {
+namespace gcmoe::client {
 namespace {
 
 using ::testing::ElementsAre;
@@ -368,4 +368,4 @@ TEST(ClientSummary, CountsOutcomesAndReportsTheServersStats) {
 }
 
 }  // namespace
-}  // namespace gcmoe::server::client
+}  // namespace gcmoe::client

@@ -1,6 +1,6 @@
 // `gcmoe client forward`: builds requests from the served model's shape (or .npy files), sends
 // them with C calls in flight, and prints the client's and the server's view of the run.
-#include "server/client_forward.h"
+#include "client/forward.h"
 
 #include <algorithm>
 #include <atomic>
@@ -11,15 +11,15 @@
 #include <thread>
 #include <vector>
 
+#include "client/channel.h"
+#include "client/npy.h"
+#include "client/requests.h"
+#include "client/summary.h"
+#include "client/tensors.h"
+#include "common/flags.h"
 #include "gcmoe/v1/moe.grpc.pb.h"
-#include "server/client_channel.h"
-#include "server/client_npy.h"
-#include "server/client_requests.h"
-#include "server/client_summary.h"
-#include "server/client_tensors.h"
-#include "server/flags.h"
 
-namespace gcmoe::server::client {
+namespace gcmoe::client {
 namespace {
 
 // Distinct random batches cycled through: enough that the server does not see one batch over
@@ -288,4 +288,4 @@ int RunForward(int argc, char** argv) {
   return exit_code;
 }
 
-}  // namespace gcmoe::server::client
+}  // namespace gcmoe::client

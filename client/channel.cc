@@ -1,6 +1,6 @@
-#include "server/client_channel.h"
+#include "client/channel.h"
 
-namespace gcmoe::server::client {
+namespace gcmoe::client {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& addr, int max_message_bytes) {
   grpc::ChannelArguments args;
@@ -67,4 +67,4 @@ std::string DescribeFailure(const std::string& addr, const std::string& rpc, grp
          status.error_message();
 }
 
-}  // namespace gcmoe::server::client
+}  // namespace gcmoe::client

@@ -8,7 +8,7 @@
 
 #include "common/status.h"
 
-namespace gcmoe::server::client {
+namespace gcmoe::client {
 
 struct NpyArray {
   std::string descr;  // "<f4", "<f8", "<f2", "<i4", "<i8"
@@ -28,4 +28,4 @@ Result<std::vector<int32_t>> NpyToInt32(const NpyArray& array, const std::string
 Status WriteNpyFloat32(const std::string& path, const std::vector<int64_t>& shape,
                        const std::vector<float>& values);
 
-}  // namespace gcmoe::server::client
+}  // namespace gcmoe::client

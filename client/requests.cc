@@ -1,13 +1,13 @@
-#include "server/client_requests.h"
+#include "client/requests.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
 
-#include "server/client_npy.h"
+#include "client/npy.h"
 
-namespace gcmoe::server::client {
+namespace gcmoe::client {
 
 std::vector<double> ExpertPopularity(int experts, double skew, uint64_t popularity_seed) {
   std::vector<int> ranking(experts);
@@ -100,4 +100,4 @@ Result<RequestArrays> ReadRequestDir(const std::string& dir) {
   return a;
 }
 
-}  // namespace gcmoe::server::client
+}  // namespace gcmoe::client

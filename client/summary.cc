@@ -1,14 +1,14 @@
-#include "server/client_summary.h"
+#include "client/summary.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
 
+#include "client/tensors.h"
 #include "common/percentile.h"
-#include "server/client_tensors.h"
 
-namespace gcmoe::server::client {
+namespace gcmoe::client {
 namespace {
 
 double Mean(const std::vector<double>& v) {
@@ -163,4 +163,4 @@ std::string ForwardSummary::Format(const RunInfo& run) const {
   return out;
 }
 
-}  // namespace gcmoe::server::client
+}  // namespace gcmoe::client

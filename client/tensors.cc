@@ -1,11 +1,11 @@
-#include "server/client_tensors.h"
+#include "client/tensors.h"
 
 #include <bit>
 #include <cstring>
 
-#include "engine/numerics.h"
+#include "common/number_formats.h"
 
-namespace gcmoe::server::client {
+namespace gcmoe::client {
 namespace {
 
 // The API's tensors are little-endian; so is every host gcmoe runs on (x86-64, aarch64).
@@ -166,4 +166,4 @@ std::string DTypeName(v1::DType dtype) {
   }
 }
 
-}  // namespace gcmoe::server::client
+}  // namespace gcmoe::client

@@ -1,4 +1,4 @@
-#include "server/client_npy.h"
+#include "client/npy.h"
 
 #include <cerrno>
 #include <cstring>
@@ -6,9 +6,9 @@
 #include <limits>
 #include <sstream>
 
-#include "engine/numerics.h"
+#include "common/number_formats.h"
 
-namespace gcmoe::server::client {
+namespace gcmoe::client {
 namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";
@@ -199,4 +199,4 @@ Status WriteNpyFloat32(const std::string& path, const std::vector<int64_t>& shap
   return Status::Ok();
 }
 
-}  // namespace gcmoe::server::client
+}  // namespace gcmoe::client

@@ -1,4 +1,4 @@
-#include "server/flags.h"
+#include "common/flags.h"
 
 #include <cerrno>
 #include <climits>
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <sstream>
 
-namespace gcmoe::server {
+namespace gcmoe {
 namespace {
 
 Status ParseInteger(const std::string& name, const std::string& text, int64_t lo, int64_t hi,
@@ -178,4 +178,4 @@ std::string Flags::Usage() const {
   return out.str();
 }
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe

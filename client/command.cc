@@ -1,19 +1,20 @@
 // `gcmoe client health | info | stats | forward`: a command-line client of the public API.
+#include "client/command.h"
+
 #include <cstdio>
 #include <cstring>
 #include <string>
 
 #include <google/protobuf/util/json_util.h>
 
+#include "client/channel.h"
+#include "client/forward.h"
+#include "client/tensors.h"
+#include "common/flags.h"
 #include "gcmoe/v1/moe.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "server/client_channel.h"
-#include "server/client_forward.h"
-#include "server/client_tensors.h"
-#include "server/commands.h"
-#include "server/flags.h"
 
-namespace gcmoe::server {
+namespace gcmoe::client {
 namespace {
 
 using client::DeadlineIn;
@@ -244,4 +245,4 @@ int RunClientCommand(int argc, char** argv) {
   return 2;
 }
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::client

@@ -10,7 +10,7 @@
 
 #include "gcmoe/v1/moe.pb.h"
 
-namespace gcmoe::server::client {
+namespace gcmoe::client {
 
 // Nearest-rank percentile (p in [0, 100]) of unsorted values: the smallest value with at least
 // p% of the values at or below it. 0 for no values.
@@ -65,4 +65,4 @@ class ForwardSummary {
   std::string output_shape_;
 };
 
-}  // namespace gcmoe::server::client
+}  // namespace gcmoe::client
