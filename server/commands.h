@@ -1,5 +1,6 @@
-// Every `gcmoe` subcommand, one function each; argv[0] is the subcommand's own name so that
-// Flags::Parse(argc, argv, 1) reads its flags. Each returns the process exit code.
+// The service's `gcmoe` subcommands, one function each (the command table is tools/main.cc);
+// argv[0] is the subcommand's own name so that Flags::Parse(argc, argv, 1) reads its flags. Each
+// returns the process exit code.
 #pragma once
 
 #include <cstdio>
@@ -9,10 +10,6 @@ namespace gcmoe::server {
 int RunServeCommand(int argc, char** argv);        // serve.cc: coordinator + local ranks
 int RunCoordinatorCommand(int argc, char** argv);  // coordinator_main.cc
 int RunRankCommand(int argc, char** argv);         // rank_main.cc
-int RunConfigCommand(int argc, char** argv);       // config_command.cc: validate|show|default
-int RunBalanceCommand(int argc, char** argv);      // balance_command.cc: eplb|replay
-int RunBenchCommand(int argc, char** argv);        // bench_command.cc: layer
-int RunWeightsCommand(int argc, char** argv);      // weights_command.cc: export|check
 
 // A role2 timing probe build (CMake GCMOE_ROLE2_PROBE, kernels/role2_probe.h) computes wrong
 // outputs, so the processes that compute served results (`rank`, and `serve`, which starts them)

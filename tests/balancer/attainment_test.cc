@@ -9,10 +9,10 @@
 #include <fstream>
 #include <string>
 
-#include "server/balance_replay.h"
-#include "server/balance_trace.h"
+#include "tools/balance_replay.h"
+#include "tools/balance_trace.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 namespace {
 
 constexpr double kMinAttainment = 0.995;
@@ -159,4 +159,4 @@ TEST(TraceReaderTest, SampledStepsAreWellFormed) {
 }
 
 }  // namespace
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <random>
 
-#include "server/bench_random_weights.h"
 #include "tests/kernels/gpu_test_util.h"
+#include "tools/bench_random_weights.h"
 
 namespace gcmoe::kernels_test {
 namespace {

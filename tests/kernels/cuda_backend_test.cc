@@ -10,8 +10,8 @@
 #include <random>
 #include <tuple>
 
-#include "server/bench_random_weights.h"
 #include "tests/kernels/gpu_test_util.h"
+#include "tools/bench_random_weights.h"
 
 namespace gcmoe::kernels_test {
 namespace {

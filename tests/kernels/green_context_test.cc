@@ -9,8 +9,8 @@
 
 #include "kernels/green_context.h"
 #include "kernels/green_context_probe.h"
-#include "server/bench_random_weights.h"
 #include "tests/kernels/gpu_test_util.h"
+#include "tools/bench_random_weights.h"
 
 namespace gcmoe::kernels_test {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/gpu_power_meter.h"
+#include "tools/gpu_power_meter.h"
 
 #include <dlfcn.h>
 
@@ -6,7 +6,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 
 // The few NVML entry points used, by their documented C signatures (nvmlReturn_t is an int,
 // 0 = success; nvmlDevice_t an opaque pointer; NVML_CLOCK_SM = 1).
@@ -111,4 +111,4 @@ double PowerWindow::Watts() const {
 
 double PowerWindow::MeanSmMhz() const { return mhz_count_ > 0 ? mhz_sum_ / mhz_count_ : 0.0; }
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

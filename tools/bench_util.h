@@ -8,7 +8,7 @@
 
 #include "common/status.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 
 // "1,2,4,...": token counts 1..65536 (the --tokens-per-rank flag).
 Result<std::vector<int>> ParseTokenList(const std::string& text);
@@ -27,4 +27,4 @@ struct Bf16Difference {
 };
 Bf16Difference CompareBf16(std::span<const uint8_t> a, std::span<const uint8_t> b);
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

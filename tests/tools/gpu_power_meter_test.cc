@@ -1,13 +1,13 @@
 // PowerWindow against hand-computed averages of synthetic counter readings; GpuPowerMeter's
 // refusal when it cannot reach a GPU.
-#include "server/gpu_power_meter.h"
+#include "tools/gpu_power_meter.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <string>
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 namespace {
 
 TEST(PowerWindow, AveragesBetweenTheFirstAndLastCounterUpdate) {
@@ -53,4 +53,4 @@ TEST(GpuPowerMeter, RefusesABusWithNoGpu) {
 }
 
 }  // namespace
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

@@ -9,9 +9,9 @@
 #include "common/flags.h"
 #include "engine/model_spec.h"
 #include "engine/weights.h"
-#include "server/commands.h"
+#include "tools/commands.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 namespace {
 
 void PrintGroupUsage(FILE* out) {
@@ -173,4 +173,4 @@ int RunWeightsCommand(int argc, char** argv) {
   return 2;
 }
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

@@ -5,6 +5,7 @@
 
 #include "client/command.h"
 #include "server/commands.h"
+#include "tools/commands.h"
 
 namespace {
 
@@ -22,13 +23,13 @@ constexpr Command kCommands[] = {
     {"rank", gcmoe::server::RunRankCommand, "run one rank process that attaches to a coordinator"},
     {"client", gcmoe::client::RunClientCommand,
      "call a running service: forward | info | stats | health"},
-    {"config", gcmoe::server::RunConfigCommand,
+    {"config", gcmoe::tools::RunConfigCommand,
      "config files: validate FILE | show | default"},
-    {"balance", gcmoe::server::RunBalanceCommand,
+    {"balance", gcmoe::tools::RunBalanceCommand,
      "balancer tools: eplb (EPLB-compatible placement) | replay (routing traces)"},
-    {"bench", gcmoe::server::RunBenchCommand,
+    {"bench", gcmoe::tools::RunBenchCommand,
      "benchmarks: layer (GPU layer latency and floor) | ep (a layer over several GPUs)"},
-    {"weights", gcmoe::server::RunWeightsCommand,
+    {"weights", gcmoe::tools::RunWeightsCommand,
      "weight files: export (synthetic to safetensors) | check FILE"},
 };
 

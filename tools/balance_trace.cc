@@ -1,4 +1,4 @@
-#include "server/balance_trace.h"
+#include "tools/balance_trace.h"
 
 #include <algorithm>
 #include <fstream>
@@ -8,7 +8,7 @@
 
 #include "common/splitmix64.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 namespace {
 
 using nlohmann::json;
@@ -311,4 +311,4 @@ Result<Trace> LoadTrace(const std::string& path, const TraceOptions& options) {
   return LoadCounts(path, rows, options);
 }
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

@@ -10,7 +10,7 @@
 
 #include "common/status.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 
 // One routing ensemble with its own placement: a Mixtral layer, an OLMoE (domain, layer), or a
 // layer of a counts file. Aggregates over records are record-major (mean of per-record means).
@@ -60,4 +60,4 @@ Result<Trace> LoadTrace(const std::string& path, const TraceOptions& options);
 std::vector<int64_t> SampleStep(std::span<const double> counts, int top_k, int batch,
                                 uint64_t seed);
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

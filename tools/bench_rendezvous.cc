@@ -1,4 +1,4 @@
-#include "server/bench_rendezvous.h"
+#include "tools/bench_rendezvous.h"
 
 #include <chrono>
 #include <cstdio>
@@ -6,7 +6,7 @@
 #include <sstream>
 #include <thread>
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 
 FileRendezvous::FileRendezvous(std::string directory, int rank, int world, int timeout_ms)
     : directory_(std::move(directory)), rank_(rank), world_(world), timeout_ms_(timeout_ms) {}
@@ -45,4 +45,4 @@ Result<std::vector<std::string>> FileRendezvous::AllGather(const std::string& ke
   return values;
 }
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

@@ -9,9 +9,9 @@
 
 #include "balancer/relief.h"
 #include "common/status.h"
-#include "server/balance_trace.h"
+#include "tools/balance_trace.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 
 struct ReplayOptions {
   int ranks = 8;                   // G
@@ -63,4 +63,4 @@ using ReplayProgress = std::function<void(int records_done, int records_total)>;
 Result<ReplayResult> RunReplay(const Trace& trace, const ReplayOptions& options,
                                const ReplayProgress& progress = nullptr);
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

@@ -1,11 +1,11 @@
-#include "server/bench_random_weights.h"
+#include "tools/bench_random_weights.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "common/splitmix64.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 namespace {
 
 // One splitmix64 stream per (seed, tensor).
@@ -127,4 +127,4 @@ int64_t RandomCodeWeightSource::SharedExpertBytes(const engine::ModelSpec& spec)
   return 2 * Is * (H + H / 32) + H * (Is + Is / 32);
 }
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

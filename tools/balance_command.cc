@@ -14,11 +14,11 @@
 
 #include "balancer/eplb.h"
 #include "common/flags.h"
-#include "server/balance_replay.h"
-#include "server/balance_trace.h"
-#include "server/commands.h"
+#include "tools/balance_replay.h"
+#include "tools/balance_trace.h"
+#include "tools/commands.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 namespace {
 
 using nlohmann::json;
@@ -327,4 +327,4 @@ int RunBalanceCommand(int argc, char** argv) {
   return 2;
 }
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

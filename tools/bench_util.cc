@@ -1,4 +1,4 @@
-#include "server/bench_util.h"
+#include "tools/bench_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "common/percentile.h"
 #include "engine/numerics.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 
 Result<std::vector<int>> ParseTokenList(const std::string& text) {
   std::vector<int> tokens;
@@ -56,4 +56,4 @@ std::string Bf16Difference::Describe(int hidden) const {
   return text;
 }
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

@@ -7,9 +7,9 @@
 
 #include "common/flags.h"
 #include "config/config.h"
-#include "server/commands.h"
+#include "tools/commands.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 namespace {
 
 constexpr const char* kSetHelp =
@@ -149,4 +149,4 @@ int RunConfigCommand(int argc, char** argv) {
   return 2;
 }
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

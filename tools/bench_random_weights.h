@@ -14,7 +14,7 @@
 
 #include "engine/weights.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 
 class RandomCodeWeightSource final : public engine::WeightSource {
  public:
@@ -38,4 +38,9 @@ class RandomCodeWeightSource final : public engine::WeightSource {
   uint64_t seed_;
 };
 
+}  // namespace gcmoe::tools
+
+// The GPU tests (tests/kernels) still name it from when it lived in server/.
+namespace gcmoe::server {
+using tools::RandomCodeWeightSource;
 }  // namespace gcmoe::server

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
-#include "server/commands.h"
+#include "tools/commands.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 namespace {
 
 using ::testing::HasSubstr;
@@ -147,4 +147,4 @@ TEST(ConfigCommand, HelpAndUnknownCommands) {
 }
 
 }  // namespace
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

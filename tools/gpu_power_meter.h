@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 
 class GpuPowerMeter {
  public:
@@ -57,4 +57,4 @@ class PowerWindow {
   int mhz_count_ = 0;
 };
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

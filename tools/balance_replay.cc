@@ -1,4 +1,4 @@
-#include "server/balance_replay.h"
+#include "tools/balance_replay.h"
 
 #include <algorithm>
 #include <map>
@@ -9,7 +9,7 @@
 #include "balancer/placement.h"
 #include "balancer/topology.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 namespace {
 
 namespace bal = gcmoe::balancer;
@@ -203,4 +203,4 @@ Result<ReplayResult> RunReplay(const Trace& trace, const ReplayOptions& options,
   return result;
 }
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

@@ -16,7 +16,7 @@
 // the exchange, so they run in lockstep); the table shows the slowest rank's median. Every
 // configuration's outputs must be bit-identical (the split moves work, never changes a
 // result), which the run checks.
-#include "server/bench_ep.h"
+#include "tools/bench_ep.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,16 +43,16 @@
 #include "engine/nccl_comm.h"
 #include "engine/numerics.h"
 #include "engine/step_plan.h"
-#include "server/bench_random_weights.h"
-#include "server/bench_rendezvous.h"
-#include "server/bench_util.h"
 #include "server/engine_config.h"
+#include "tools/bench_random_weights.h"
+#include "tools/bench_rendezvous.h"
+#include "tools/bench_util.h"
 
 #if GCMOE_HAVE_CUDA
 #include "engine/cuda_backend.h"
 #endif
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 namespace {
 
 struct Options {
@@ -221,7 +221,7 @@ int RunRank(const Options& o) {
   if (!config.ok()) return fail("loading the config", config.status());
   auto tokens = ParseTokenList(o.tokens_text);
   if (!tokens.ok()) return fail("--tokens-per-rank", tokens.status());
-  engine::ModelSpec spec = ModelSpecFromConfig(*config);
+  engine::ModelSpec spec = server::ModelSpecFromConfig(*config);
   spec.num_layers = 1;
   const int P = o.ranks;
   const int E = spec.num_experts;
@@ -319,7 +319,7 @@ int RunRank(const Options& o) {
       options.rank = me;
       options.world_size = P;
       options.max_tokens_per_rank = std::max(max_tokens, config->engine.max_tokens_per_rank);
-      options.device = DeviceOfRank(*config, me);
+      options.device = server::DeviceOfRank(*config, me);
       options.dispatch_sms = o.dispatch_sms >= 0 ? o.dispatch_sms : config->engine.dispatch_sms;
       options.exchange = exchange;
       options.instance = "bench-ep";
@@ -517,4 +517,4 @@ int RunBenchEp(int argc, char** argv) {
 #endif
 }
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

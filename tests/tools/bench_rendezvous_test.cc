@@ -1,6 +1,6 @@
 // The file rendezvous of `gcmoe bench ep`'s rank processes: every rank's value in rank order,
 // repeated keys, and a clear deadline when a rank never publishes.
-#include "server/bench_rendezvous.h"
+#include "tools/bench_rendezvous.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 namespace {
 
 std::string FreshDirectory() {
@@ -63,4 +63,4 @@ TEST(FileRendezvous, AMissingRankIsADeadlineNamingIt) {
 }
 
 }  // namespace
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

@@ -1,16 +1,16 @@
-// `gcmoe bench SUBCOMMAND`: benchmarks: `layer` (server/bench_layer.cc), `ep`
-// (server/bench_ep.cc).
+// `gcmoe bench SUBCOMMAND`: benchmarks: `layer` (tools/bench_layer.cc), `ep`
+// (tools/bench_ep.cc).
 #include <cstdio>
 #include <cstring>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "server/bench_ep.h"
-#include "server/bench_layer.h"
-#include "server/commands.h"
+#include "tools/bench_ep.h"
+#include "tools/bench_layer.h"
+#include "tools/commands.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 
 int RunBenchCommand(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
@@ -31,4 +31,4 @@ int RunBenchCommand(int argc, char** argv) {
   return 2;
 }
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

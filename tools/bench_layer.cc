@@ -11,7 +11,7 @@
 // over the device-to-device copy bandwidth measured in the same run (2 GiB, read + write
 // counted). The weights are streamed from HBM on every replay (hundreds of MB, far above the
 // 60 MB L2), so replays of one input set measure the memory-bound regime.
-#include "server/bench_layer.h"
+#include "tools/bench_layer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -32,16 +32,16 @@
 #include "engine/backend.h"
 #include "engine/numerics.h"
 #include "engine/step_plan.h"
-#include "server/bench_random_weights.h"
-#include "server/bench_util.h"
 #include "server/engine_config.h"
-#include "server/gpu_power_meter.h"
+#include "tools/bench_random_weights.h"
+#include "tools/bench_util.h"
+#include "tools/gpu_power_meter.h"
 
 #if GCMOE_HAVE_CUDA
 #include "engine/cuda_backend.h"
 #endif
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 namespace {
 
 #if GCMOE_HAVE_CUDA
@@ -138,7 +138,7 @@ int RunBenchLayer(int argc, char** argv) {
     std::fprintf(stderr, "gcmoe bench layer: %s\n", config.status().ToString().c_str());
     return 2;
   }
-  engine::ModelSpec spec = ModelSpecFromConfig(*config);
+  engine::ModelSpec spec = server::ModelSpecFromConfig(*config);
   spec.num_layers = 1;  // the harness runs layer 0 only
   if (shared_intermediate >= 0) spec.shared_intermediate = shared_intermediate;
   if (replays < 1 || warmup < 0 || settle_ms < 0) {
@@ -169,7 +169,7 @@ int RunBenchLayer(int argc, char** argv) {
   engine::BackendOptions options;
   options.model = spec;
   options.max_tokens_per_rank = std::max(max_tokens, config->engine.max_tokens_per_rank);
-  options.device = DeviceOfRank(*config, 0);
+  options.device = server::DeviceOfRank(*config, 0);
   options.dispatch_sms = dispatch_sms >= 0 ? dispatch_sms : config->engine.dispatch_sms;
   options.role2_kernel = gemm;
   options.instance = "bench";
@@ -396,4 +396,4 @@ int RunBenchLayer(int argc, char** argv) {
 #endif
 }
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools

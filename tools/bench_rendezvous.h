@@ -9,7 +9,7 @@
 
 #include "common/status.h"
 
-namespace gcmoe::server {
+namespace gcmoe::tools {
 
 class FileRendezvous {
  public:
@@ -25,4 +25,4 @@ class FileRendezvous {
   int timeout_ms_;
 };
 
-}  // namespace gcmoe::server
+}  // namespace gcmoe::tools
