@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Every GPU check of the CUDA backend, run on the GPU machine from a bundle that
-# ../shared/tools/device-bundle made of build-cuda/gcmoe and build-cuda/tests/kernels/*:
+# Every GPU check of the CUDA backend, run on the GPU machine from a bundle of build/gcmoe and
+# build/tests/kernels/* with the shared libraries they need (BUNDLE/bin, BUNDLE/lib):
 #
-#   bench/gpu_checks.sh [STAGE...]     stages: sass ctest sanitizer bench peer serve variants
-#                                      ablate ab knobs ncu source roles multi ep race trace
+#   bench/gpu_checks.sh [STAGE...]     stages: sass ctest sanitizer bench peer serve ablate ab
+#                                      ncu source roles multi ep race trace
 #                                      (default: the first six)
 #
 # ab times this bundle's gcmoe against another build of it in the same call (AB_BASELINE: its
@@ -11,20 +11,18 @@
 # times (default 2; at sustained clocks rounds spread more, up to 7 %), and
 # prints each T's medians and their ratio: how a change is measured (DESIGN.md §7). With
 # SETTLE_MS > 0 and NVML on the machine it also prints each build's energy per step, which bounds
-# the time at sustained clocks (docs/PERFORMANCE.md, session 22). AB_BASE_FLAGS
-# and AB_THIS_FLAGS add `bench layer` flags to one side (e.g. AB_THIS_FLAGS="--gemm bf16");
-# AB_MORE lists more builds' paths to alternate with the two (each against the baseline).
+# the time at sustained clocks. AB_BASE_FLAGS and AB_THIS_FLAGS add `bench layer` flags to one
+# side (e.g. AB_THIS_FLAGS="--no-merge-tails", or the same binary on both sides with different
+# flags); AB_MORE lists more builds' paths to alternate with the two (each against the baseline).
 #
 # multi, ep, race and trace need two or more GPUs: multi runs the multi-GPU test and the
 # multi-rank serve check, ep `gcmoe bench ep` on every GPU (EP_CONFIG, default the GLM-5.2
-# layer), race the stress that found the two-rank wrong outputs (docs/PERFORMANCE.md,
-# "Multi-GPU"): each role2 kernel, roles overlapped or in sequence (GCMOE_CUDA_SEQUENTIAL), every
-# step repeated RACE_REPEAT times (default 150) and every output compared with the step's first
-# and, at small T, with the CPU backend; trace logs role2's task timeline (GCMOE_CUDA_TRACE=1) of
-# each kernel at T = 1 and 16.
+# layer), race the stress that once found two-rank wrong outputs (docs/DESIGN-NOTES.md): roles
+# overlapped or in sequence (engine.cuda.overlap_roles), every step repeated RACE_REPEAT times
+# (default 150) and every output compared with the step's first and, at small T, with the CPU
+# backend; trace logs role2's task timeline (GCMOE_CUDA_TRACE=1) at T = 1 and 16.
 #
-# Environment: BUNDLE (default .device), OUT (logs; default /tmp/gcmoe-gpu-checks),
-# GCMOE_CUDA_GEMM (role2 kernel for ctest/bench/multi: bf16-wgmma default, bf16, stream, wgmma, mma), TOKENS
+# Environment: BUNDLE (default .device), OUT (logs; default /tmp/gcmoe-gpu-checks), TOKENS
 # (bench), SETTLE_MS (untimed replays before each row's, in every timing stage and the peer;
 # default 500, so that both harnesses are timed at the clocks the GPU sustains under load: the H200
 # caps its power after about 40 ms of our replays and its SM clock drops from 1980 to 1600-1900
@@ -89,7 +87,7 @@ fi
 if has sanitizer; then
   : > "$OUT/sanitizer.log"
   for tool in memcheck racecheck; do
-    GCMOE_CUDA_SEQUENTIAL=1 GCMOE_CUDA_WAIT_TIMEOUT_MS=120000 timeout 240 compute-sanitizer \
+    timeout 240 compute-sanitizer \
       --tool "$tool" --error-exitcode 9 "$GPU_TEST" --gtest_filter=CudaBackendTest.SanitizerCase \
       > /tmp/gcmoe-sanitizer-$tool.log 2>&1
     rc=$?
@@ -130,9 +128,7 @@ if has peer; then
   grep -v "^T=" "$OUT/peer.txt"
 fi
 
-# Variants of role2 (GLM slice): the warp-specialized pipeline with register-A FP8 wgmma, with
-# exact BF16 operands and mma.sync (bf16, the default), with E4M3 mma.sync (stream), and the
-# stepping stone (no bulk-copy pipeline, no wgmma).
+# One `bench layer` run of the GLM slice per label, its time rows appended as "label T us floor%".
 bench_rows() {  # label, then gcmoe bench layer flags; appends "label T us floor%" rows
   local label=$1; shift
   timeout 120 "$GCMOE" bench layer --config config/examples/glm-5.2-ep8-rank.json \
@@ -142,14 +138,6 @@ bench_rows() {  # label, then gcmoe bench layer flags; appends "label T us floor
   awk -v l="$label" -v rc=$rc "$TIME_ROW"' {printf "%-28s T %4d BM %2d %9.1f us %6s\n", l, $1, $2, $5, $9}
        END { if (rc != 0) printf "%-28s FAILED rc %d\n", l, rc }' /tmp/gcmoe-row.txt | tee -a "$OUT/$STAGE_LOG.rows"
 }
-if has variants; then
-  STAGE_LOG=variants.txt; : > "$OUT/$STAGE_LOG"; : > "$OUT/$STAGE_LOG.rows"
-  for g in wgmma bf16 bf16-wgmma stream mma; do
-    bench_rows "gemm=$g" --gemm "$g" --tokens-per-rank 1,8,16,64,256
-  done
-  note variants ok "$(wc -l < "$OUT/$STAGE_LOG.rows") rows"
-fi
-
 # Ablations (GLM slice, default role2): overlap off (one context, dispatch then GEMM) against on;
 # the dispatch partition's SM request; the block size BM; merged tails at BM 64.
 if has ablate; then
@@ -160,11 +148,12 @@ if has ablate; then
   for bm in 8 16 32 64; do
     bench_rows "bm=$bm" --bm "$bm" --tokens-per-rank 8,64,256
   done
-  # The bf16-wgmma kernel's merged tails (an expert's short last block with the block before it)
-  # on and off, from the T where experts start to exceed 64 rows.
-  for merge in 1 0; do
-    GCMOE_CUDA_MERGE_TAILS=$merge bench_rows "merge-tails=$merge" --bm 64 --tokens-per-rank 192,224,256
-  done
+  # The BM 64 kernel's merged tails (an expert's short last block with the block before it)
+  # on and off, from the T where experts start to exceed 64 rows; then the other ablations.
+  bench_rows "merge-tails" --bm 64 --tokens-per-rank 192,224,256
+  bench_rows "no-merge-tails" --bm 64 --tokens-per-rank 192,224,256 --no-merge-tails
+  bench_rows "no-heaviest-first" --tokens-per-rank 8,64,256 --no-heaviest-first
+  bench_rows "no-direct-rows" --tokens-per-rank 8,64,256 --no-direct-rows
   note ablate ok "$(wc -l < "$OUT/$STAGE_LOG.rows") rows"
 fi
 
@@ -216,36 +205,6 @@ if has ab; then
   fi
 fi
 
-# knobs times environment settings of this bundle's gcmoe against each other in the same call:
-# KNOBS holds the variants, separated by '|', each a space-separated list of VAR=value (the first
-# is the reference, e.g. KNOBS="GCMOE_CUDA_PULL_ROWS=0|GCMOE_CUDA_PULL_ROWS=4"); both slices, the
-# variants alternating twice, each T's median of the two rounds' medians and its speedup over the
-# first variant.
-if has knobs; then
-  : > "$OUT/knobs.txt"
-  IFS='|' read -r -a variants <<< "${KNOBS:-}"
-  for slice in glm-5.2-ep8-rank deepseek-v4.1-flash-ep8-rank; do
-    for round in 1 2; do
-      for i in "${!variants[@]}"; do
-        env ${variants[$i]} timeout 150 "$GCMOE" bench layer --config "config/examples/$slice.json" \
-          --tokens-per-rank "$TOKENS" --settle-ms "$SETTLE_MS" --warmup 10 --replays 100 \
-          > /tmp/gcmoe-knobs.txt 2>&1
-        note knobs $? "$slice round $round: ${variants[$i]}"
-        awk -v s="$slice" -v v="$i" "$TIME_ROW"' {print s, v, $1, $5}' \
-          /tmp/gcmoe-knobs.txt >> "$OUT/knobs.txt"
-      done
-    done
-  done
-  for i in "${!variants[@]}"; do echo "variant $i: ${variants[$i]}"; done
-  # slice T variant: median of the two rounds, speedup over variant 0.
-  awk '{us[$1" "$3" "$2] += $4 / 2; seen[$1" "$3] = 1; if ($2 > nv) nv = $2}
-       END { for (k in seen) { line = sprintf("%-30s T %4d", substr(k, 1, index(k, " ") - 1),
-                                              substr(k, index(k, " ") + 1));
-               for (v = 0; v <= nv; ++v)
-                 line = line sprintf("  v%d %8.1f us %.3f", v, us[k" "v], us[k" 0"] / us[k" "v]);
-               print line } }' "$OUT/knobs.txt" | sort -k1,1 -k3,3n
-fi
-
 # What bounds role2 (ncu, clocks left alone): one role2 launch of the GLM slice at T = 8 and 64
 # (NCU_TOKENS),
 # one context with the roles in sequence (ncu serializes kernels; nothing may spin on a kernel
@@ -267,7 +226,7 @@ if has ncu; then
   done
 fi
 
-# Where role2's instructions go (how session 21 found the epilogues' share): one role2 launch of
+# Where role2's instructions go: one role2 launch of
 # the GLM slice per T in SOURCE_TOKENS (default 64 256), ncu's executed count and stall samples of
 # every SASS instruction (source-T.csv), and bench/ncu_source_runs.py's runs of them
 # (source-T.txt). The launch to profile is chosen as in the ncu stage (NCU_SKIP).
@@ -288,7 +247,7 @@ fi
 # Each role kernel's own time (ncu serializes them; no cache flush, clocks left alone), GLM
 # slice at T = 64, 128 and 256 (ROLES_TOKENS): every launch's duration, role by role. The first of
 # each role (one per captured graph) are the empty warm-up replays; then the step and its
-# replays (how session 14 found roles 1 and 3 on the critical path).
+# replays.
 if has roles; then
   : > "$OUT/roles.txt"
   for T in ${ROLES_TOKENS:-64 128 256}; do
@@ -334,31 +293,25 @@ fi
 
 if has race; then
   : > "$OUT/race.txt"
-  for gemm in stream bf16 wgmma mma; do
-    for overlap in 1 0; do
-      name="$gemm-overlap$overlap"
-      GCMOE_CUDA_GEMM=$gemm GCMOE_CUDA_SEQUENTIAL=$((1 - overlap)) timeout 170 "$GCMOE" bench ep \
-        --config "$EP_CONFIG" --ranks "$GPUS" --tokens-per-rank 1,2,4,16 --replays 2 --warmup 0 \
-        --repeat "${RACE_REPEAT:-150}" --check-cpu 2 > "$OUT/race-$name.txt" 2> "$OUT/race-$name.log"
-      rc=$?
-      printf '%-18s rc %d  wrong-vs-cpu %3d  repeat-differs %3d\n' "$name" "$rc" \
-        "$(grep -c 'CPU backend: .*max |diff| \(0\.0[3-9]\|0\.[1-9]\|[1-9]\)' "$OUT/race-$name.log")" \
-        "$(grep -c 'same step differs' "$OUT/race-$name.log")" | tee -a "$OUT/race.txt"
-    done
+  for overlap in on off; do
+    name="overlap-$overlap"
+    timeout 170 "$GCMOE" bench ep --config "$EP_CONFIG" --set "engine.cuda.overlap_roles=$overlap" \
+      --ranks "$GPUS" --tokens-per-rank 1,2,4,16 --replays 2 --warmup 0 \
+      --repeat "${RACE_REPEAT:-150}" --check-cpu 2 > "$OUT/race-$name.txt" 2> "$OUT/race-$name.log"
+    rc=$?
+    printf '%-18s rc %d  wrong-vs-cpu %3d  repeat-differs %3d\n' "$name" "$rc" \
+      "$(grep -c 'CPU backend: .*max |diff| \(0\.0[3-9]\|0\.[1-9]\|[1-9]\)' "$OUT/race-$name.log")" \
+      "$(grep -c 'same step differs' "$OUT/race-$name.log")" | tee -a "$OUT/race.txt"
   done
   note race 0 "$(tr '\n' ';' < "$OUT/race.txt")"
 fi
 
 if has trace; then
-  : > "$OUT/trace.txt"
-  for gemm in stream wgmma mma; do
-    # The summaries are log entries (stderr of the rank processes).
-    GCMOE_CUDA_TRACE=1 GCMOE_CUDA_GEMM=$gemm timeout 120 "$GCMOE" bench ep --config "$EP_CONFIG" \
-      --ranks "$GPUS" --tokens-per-rank 1,16 --exchange gcmoe --balancer off --replays 20 \
-      --warmup 2 > "/tmp/gcmoe-trace-$gemm.txt" 2>&1
-    note trace-$gemm $? "$(grep -c 'role2 trace' "/tmp/gcmoe-trace-$gemm.txt") summaries"
-    { echo "==== role2 $gemm"; cat "/tmp/gcmoe-trace-$gemm.txt"; } >> "$OUT/trace.txt"
-  done
+  # The summaries are log entries (stderr of the rank processes).
+  GCMOE_CUDA_TRACE=1 timeout 120 "$GCMOE" bench ep --config "$EP_CONFIG" \
+    --ranks "$GPUS" --tokens-per-rank 1,16 --exchange gcmoe --balancer off --replays 20 \
+    --warmup 2 > "$OUT/trace.txt" 2>&1
+  note trace $? "$(grep -c 'role2 trace' "$OUT/trace.txt") summaries"
   grep -E "role2 trace|routed W|run |wait |slowest 1|us \(ranks" "$OUT/trace.txt" | head -80
 fi
 

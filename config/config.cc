@@ -71,6 +71,13 @@ ordered_json EngineJson(const EngineConfig& e) {
   j["exchange_timeout_ms"] = e.exchange_timeout_ms;
   j["dispatch_sms"] = e.dispatch_sms;
   j["exchange"] = e.exchange;
+  ordered_json cuda = ordered_json::object();
+  cuda["ring_blocks"] = e.cuda.ring_blocks;
+  cuda["role1_grid"] = e.cuda.role1_grid;
+  cuda["overlap_roles"] = e.cuda.overlap_roles;
+  cuda["wait_timeout_ms"] = e.cuda.wait_timeout_ms;
+  cuda["wait_sleep_cap_ns"] = e.cuda.wait_sleep_cap_ns;
+  j["cuda"] = cuda;
   return j;
 }
 

@@ -33,6 +33,29 @@ struct ParallelConfig {
   int restart_backoff_ms = 1000;    // parallel.restart_backoff_ms
 };
 
+// engine.cuda: settings of the CUDA backend that an operator may tune. Experiment-only switches
+// (ablations) are flags of `gcmoe bench layer`, not config keys.
+struct CudaEngineConfig {
+  // engine.cuda.ring_blocks: token-ring slots per layer graph; 0 (default) = as many as the
+  // largest step has blocks, so no slot is reused within a step. A small value saves memory at
+  // a large max_tokens_per_rank and makes role1 wait for role2 to free slots.
+  int ring_blocks = 0;
+  // engine.cuda.role1_grid: dispatch CTAs when there is no dispatch partition; 0 = one per SM.
+  int role1_grid = 0;
+  // engine.cuda.overlap_roles: with a dispatch partition (engine.dispatch_sms > 0), whether
+  // dispatch and the GEMM run overlapped: "auto" (overlapped on one GPU, in sequence with P > 1,
+  // where overlapped steps measured slower), "on" or "off". Without a partition they always run
+  // in sequence.
+  std::string overlap_roles = "auto";
+  // engine.cuda.wait_timeout_ms: a device spin wait (a peer, a role) gives up after this long and
+  // the step fails with the name of what it waited for.
+  int wait_timeout_ms = 5000;
+  // engine.cuda.wait_sleep_cap_ns: the longest sleep between two polls of a spin wait (after its
+  // first 32 polls). Shorter caps react faster but let hundreds of waiting CTAs steal issue slots
+  // from the role they wait for.
+  int wait_sleep_cap_ns = 4096;
+};
+
 struct EngineConfig {
   std::string backend = "cpu";      // engine.backend: "cpu" | "cuda"
   int threads = 0;                  // engine.threads: CPU worker threads per rank, 0 = auto
@@ -40,11 +63,12 @@ struct EngineConfig {
   int exchange_timeout_ms = 2000;   // engine.exchange_timeout_ms: longest wait on a peer
   // engine.dispatch_sms (cuda): SMs asked for the dispatch green context, the GEMM on the rest;
   // 0 (the default) = no partition, dispatch then GEMM on every SM: measured faster than every
-  // split on an H200, one GPU and two (docs/PERFORMANCE.md, "Ablations")
+  // split on an H200, one GPU and two (docs/DESIGN-NOTES.md)
   int dispatch_sms = 0;
   // engine.exchange (cuda, P > 1): "gcmoe" (fused dispatch/combine over peer memory) | "nccl"
   // (baseline: NCCL all-to-all around the same grouped GEMM)
   std::string exchange = "gcmoe";
+  CudaEngineConfig cuda;  // engine.cuda
 };
 
 struct BalancerConfig {

@@ -84,6 +84,24 @@ void ReadParallel(ObjectReader r, ParallelConfig* p) {
   r.Finish();
 }
 
+void ReadCudaEngine(ObjectReader r, CudaEngineConfig* c) {
+  r.Int("ring_blocks",
+        {.min = 0, .max = 1 << 20, .expected = "an integer in 0..1048576 (0 = no slot reuse)"},
+        &c->ring_blocks);
+  r.Int("role1_grid",
+        {.min = 0, .max = 1 << 16, .expected = "an integer in 0..65536 (0 = one CTA per SM)"},
+        &c->role1_grid);
+  r.OneOf("overlap_roles", {"auto", "on", "off"}, &c->overlap_roles);
+  r.Int("wait_timeout_ms",
+        {.min = 1, .max = 3600000, .expected = "an integer in 1..3600000 (milliseconds)"},
+        &c->wait_timeout_ms);
+  // The floor is the backoff's short cap (kernels/wait_backoff.h, kShortWaitSleepNs).
+  r.Int("wait_sleep_cap_ns",
+        {.min = 512, .max = 1000000, .expected = "an integer in 512..1000000 (nanoseconds)"},
+        &c->wait_sleep_cap_ns);
+  r.Finish();
+}
+
 void ReadEngine(ObjectReader r, EngineConfig* e) {
   r.OneOf("backend", {"cpu", "cuda"}, &e->backend);
   r.Int("threads", {.min = 0, .expected = "a non-negative integer (0 = auto)"}, &e->threads);
@@ -94,6 +112,7 @@ void ReadEngine(ObjectReader r, EngineConfig* e) {
         {.min = 0, .expected = "a non-negative integer (0 = no dispatch partition)"},
         &e->dispatch_sms);
   r.OneOf("exchange", {"gcmoe", "nccl"}, &e->exchange);
+  ReadCudaEngine(r.Object("cuda", "an object"), &e->cuda);
   r.Finish();
 }
 

@@ -48,6 +48,23 @@ struct PeerSetup {
   std::string nccl_unique_id;           // the coordinator's for this epoch, or empty
 };
 
+// The CUDA backend's tuning: the engine.cuda config keys (config/config.h, CudaEngineConfig, says
+// what each does), then switches that exist for ablations and diagnostics only, which
+// `gcmoe bench layer` sets from its flags and the service never changes.
+struct CudaTuning {
+  int ring_blocks = 0;                 // engine.cuda.ring_blocks; 0 = no slot reuse
+  int role1_grid = 0;                  // engine.cuda.role1_grid; 0 = one CTA per SM
+  std::string overlap_roles = "auto";  // engine.cuda.overlap_roles: "auto", "on" or "off"
+  int wait_timeout_ms = 5000;          // engine.cuda.wait_timeout_ms
+  int wait_sleep_cap_ns = 4096;        // engine.cuda.wait_sleep_cap_ns
+
+  // Ablations (`gcmoe bench layer --no-merge-tails` etc.): each turns one optimization off.
+  bool merge_tails = true;     // BM 64: an expert's short last block runs with the block before
+  bool heaviest_first = true;  // role2's blocks heaviest expert first (else expert id order)
+  bool direct_rows = true;     // one rank: role1 writes each token's ring rows (else the pull)
+  bool record_sm_ids = false;  // role1/role2 CTAs log their SM (CudaBackend::ReadSmIds)
+};
+
 struct BackendOptions {
   ModelSpec model;
   int rank = 0;
@@ -59,11 +76,10 @@ struct BackendOptions {
   // CUDA only.
   int device = 0;
   int dispatch_sms = 0;  // SMs requested for the dispatch green context; 0 = none
-  // "bf16-wgmma", "bf16", "stream", "wgmma" or "mma"; empty: GCMOE_CUDA_GEMM, else bf16-wgmma
-  std::string role2_kernel;
   // How tokens cross GPUs (P > 1): "gcmoe" (the fused roles over CUDA IPC peer mappings) or
   // "nccl" (the baseline: NCCL all-to-all around the same grouped GEMM).
   std::string exchange = "gcmoe";
+  CudaTuning cuda;
 };
 
 class Backend {

@@ -7,22 +7,17 @@
 #include <cstring>
 #include <thread>
 
-#include <unistd.h>
 
 #include <cuda_runtime.h>
 #include <spdlog/spdlog.h>
 
 #include "engine/cuda_error.h"
+#include "engine/cuda_ipc.h"
 #include "kernels/role2_trace.h"
 #include "kernels/wait_backoff.h"
 
 namespace gcmoe::engine {
 namespace {
-
-int EnvInt(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? std::atoi(value) : fallback;
-}
 
 int32_t InputDType(DType dtype) {
   switch (dtype) {
@@ -39,18 +34,6 @@ int32_t InputDType(DType dtype) {
 }
 
 }  // namespace
-
-Result<kernels::GemmKernel> ChooseRole2Kernel(const char* requested) {
-  if (requested == nullptr || *requested == '\0') return kernels::GemmKernel::kWgmmaBf16;
-  const std::string name = requested;
-  if (name == "mma") return kernels::GemmKernel::kMmaSync;
-  if (name == "stream") return kernels::GemmKernel::kStreamMma;
-  if (name == "wgmma") return kernels::GemmKernel::kStreamWgmma;
-  if (name == "bf16") return kernels::GemmKernel::kStreamBf16;
-  if (name == "bf16-wgmma") return kernels::GemmKernel::kWgmmaBf16;
-  return InvalidArgument("cuda backend: role2 kernel (GCMOE_CUDA_GEMM) " + name +
-                         " is not bf16, bf16-wgmma, stream, wgmma or mma");
-}
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
   // Before the process's first CUDA call (a no-op if something initialized CUDA already; the
@@ -69,10 +52,19 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
                            options.exchange + "\"");
   }
   const bool alltoall = options.exchange == "nccl";
-  GCMOE_ASSIGN_OR_RETURN(
-      const kernels::GemmKernel gemm,
-      ChooseRole2Kernel(!options.role2_kernel.empty() ? options.role2_kernel.c_str()
-                                                      : std::getenv("GCMOE_CUDA_GEMM")));
+  const CudaTuning& tuning = options.cuda;
+  if (tuning.overlap_roles != "auto" && tuning.overlap_roles != "on" &&
+      tuning.overlap_roles != "off") {
+    return InvalidArgument("cuda backend: engine.cuda.overlap_roles is \"auto\", \"on\" or "
+                           "\"off\", not \"" + tuning.overlap_roles + "\"");
+  }
+  if (tuning.ring_blocks < 0 || tuning.role1_grid < 0 || tuning.wait_timeout_ms < 1 ||
+      tuning.wait_sleep_cap_ns < static_cast<int>(kernels::kShortWaitSleepNs) ||
+      tuning.wait_sleep_cap_ns > 1000000) {
+    return InvalidArgument(
+        "cuda backend: engine.cuda: ring_blocks and role1_grid >= 0, wait_timeout_ms >= 1, "
+        "wait_sleep_cap_ns in " + std::to_string(kernels::kShortWaitSleepNs) + "..1000000");
+  }
   if (m.hidden % 128 != 0 || m.intermediate % 128 != 0 || m.shared_intermediate % 128 != 0) {
     return InvalidArgument(
         "cuda backend: model.hidden, model.intermediate and "
@@ -130,25 +122,20 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   graph_options.device = options.device;
   graph_options.dispatch_sms = options.dispatch_sms;
   graph_options.alltoall = alltoall;
-  graph_options.ring_blocks = alltoall ? 0 : EnvInt("GCMOE_CUDA_RING_BLOCKS", 0);
-  graph_options.role1_grid = EnvInt("GCMOE_CUDA_ROLE1_GRID", 0);
-  // The same role2 on every P (ChooseRole2Kernel). P > 1 runs the roles one after the
-  // other by default: overlapped, the 2 x H200 steps were correct but slow and erratic (T = 1:
-  // 4.6 ms against 0.2 ms for NCCL; docs/PERFORMANCE.md, "Multi-GPU"). GCMOE_CUDA_SEQUENTIAL=0
-  // or 1 forces either on any P. (Sessions 2 and 3 had sequenced P > 1, then given it the
-  // stepping stone, against wrong outputs; their cause was the stream consumers releasing a
-  // stage with shared loads in flight, fixed by a proxy fence.)
-  const int sequential = EnvInt("GCMOE_CUDA_SEQUENTIAL", -1);
-  graph_options.sequential = sequential >= 0 ? sequential != 0 : options.world_size > 1;
-  const int wait_timeout_ms = std::max(1, EnvInt("GCMOE_CUDA_WAIT_TIMEOUT_MS", 5000));
-  graph_options.timeout_ns = static_cast<uint64_t>(wait_timeout_ms) * 1000000ull;
-  graph_options.wait_sleep_ns = static_cast<uint32_t>(
-      std::clamp(EnvInt("GCMOE_CUDA_WAIT_SLEEP_NS", kernels::kDefaultWaitSleepNs),
-                 static_cast<int>(kernels::kShortWaitSleepNs), 1000000));
-  graph_options.record_sm_ids = EnvInt("GCMOE_CUDA_RECORD_SM_IDS", 0) != 0;
-  // Diagnostics: role2's task timeline, logged after every step (kernels/role2_trace.h).
-  graph_options.trace_role2 = EnvInt("GCMOE_CUDA_TRACE", 0) != 0;
-  graph_options.gemm = gemm;
+  graph_options.ring_blocks = alltoall ? 0 : tuning.ring_blocks;
+  graph_options.role1_grid = tuning.role1_grid;
+  // P > 1 runs the roles one after the other by default: overlapped, the 2 x H200 steps were
+  // correct but slow and erratic (docs/DESIGN-NOTES.md, multi-GPU). Without a dispatch partition
+  // the layer graph runs them in sequence whatever this says.
+  graph_options.sequential = tuning.overlap_roles == "auto" ? options.world_size > 1
+                                                            : tuning.overlap_roles == "off";
+  graph_options.timeout_ns = static_cast<uint64_t>(tuning.wait_timeout_ms) * 1000000ull;
+  graph_options.wait_sleep_ns = static_cast<uint32_t>(tuning.wait_sleep_cap_ns);
+  graph_options.record_sm_ids = tuning.record_sm_ids;
+  // The one diagnostic switch read from the environment (README, "The GPU backend"): role2's
+  // task timeline, logged after every step (kernels/role2_trace.h).
+  const char* trace = std::getenv("GCMOE_CUDA_TRACE");
+  graph_options.trace_role2 = trace != nullptr && *trace != '\0' && std::strcmp(trace, "0") != 0;
   std::unique_ptr<kernels::LayerGraph> graph;
   std::string message;
   err = kernels::LayerGraph::Create(graph_options, &graph, &message);
@@ -159,101 +146,29 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   std::unique_ptr<CudaBackend> backend(new CudaBackend(options, std::move(graph)));
   backend->alltoall_ = alltoall;
   backend->trace_role2_ = graph_options.trace_role2;
-  backend->wait_timeout_ = std::chrono::milliseconds(wait_timeout_ms);
-  // The exchange region's name: a CUDA IPC handle for peers in other processes, the address
-  // for peers in this one. A failed export only matters once a peer in another process needs it.
-  cudaIpcMemHandle_t handle;
-  std::memset(&handle, 0, sizeof(handle));
-  const bool exported =
-      cudaIpcGetMemHandle(&handle, backend->graph_->exchange_base()) == cudaSuccess;
-  if (!exported) cudaGetLastError();
-  std::string hex;
-  char byte[3];
-  for (size_t i = 0; i < sizeof(handle); ++i) {
-    std::snprintf(byte, sizeof(byte), "%02x", static_cast<unsigned char>(handle.reserved[i]));
-    hex += byte;
-  }
-  char head[160];
-  std::snprintf(head, sizeof(head), "cuda-ipc:%d:%d:%llx:%zu:", static_cast<int>(getpid()),
-                options.device,
-                static_cast<unsigned long long>(
-                    reinterpret_cast<uintptr_t>(backend->graph_->exchange_base())),
-                backend->graph_->exchange_bytes());
-  backend->ipc_name_ = std::string(head) + (exported ? hex : "none");
+  backend->wait_timeout_ = std::chrono::milliseconds(tuning.wait_timeout_ms);
+  backend->ipc_name_ = CudaIpcRegionName(backend->graph_->exchange_base(),
+                                         backend->graph_->exchange_bytes(), options.device);
   return backend;
 }
 
 CudaBackend::CudaBackend(const BackendOptions& options, std::unique_ptr<kernels::LayerGraph> graph)
-    : options_(options),
-      graph_(std::move(graph)),
-      merge_tails_(EnvInt("GCMOE_CUDA_MERGE_TAILS", 1) != 0),
-      heaviest_first_(EnvInt("GCMOE_CUDA_HEAVIEST_FIRST", 1) != 0),
-      direct_rows_(EnvInt("GCMOE_CUDA_DIRECT_ROWS", 1) != 0) {}
+    : options_(options), graph_(std::move(graph)) {}
 
 Status CudaBackend::SelectDevice() const {
   const cudaError_t err = cudaSetDevice(options_.device);
   return err == cudaSuccess ? Status::Ok() : CudaError("selecting the device", err);
 }
 
-void CudaBackend::ClosePeers() {
-  for (void* p : opened_) cudaIpcCloseMemHandle(p);
-  opened_.clear();
-}
-
 CudaBackend::~CudaBackend() {
   cudaSetDevice(options_.device);
   graph_.reset();  // synchronizes before freeing the workspace
   nccl_.reset();
-  ClosePeers();
+  ipc_peers_.Close();
   FreeWeights();
 }
 
 std::string CudaBackend::transport_name() const { return ipc_name_; }
-
-namespace {
-
-struct PeerName {
-  int pid = 0;
-  int device = 0;
-  uintptr_t base = 0;
-  size_t bytes = 0;
-  bool has_handle = false;
-  cudaIpcMemHandle_t handle{};
-};
-
-// Parses "cuda-ipc:<pid>:<device>:<hex base>:<bytes>:<hex handle | none>".
-Result<PeerName> ParsePeerName(const std::string& name) {
-  PeerName peer;
-  char hex[2 * sizeof(cudaIpcMemHandle_t) + 1] = {};
-  unsigned long long base = 0;
-  size_t bytes = 0;
-  int consumed = 0;
-  if (std::sscanf(name.c_str(), "cuda-ipc:%d:%d:%llx:%zu:%n", &peer.pid, &peer.device, &base,
-                  &bytes, &consumed) != 4 ||
-      consumed == 0) {
-    return InvalidArgument("cuda backend: \"" + name.substr(0, 40) +
-                           "\" is not a CUDA rank's transport name (is every rank on the cuda "
-                           "backend?)");
-  }
-  peer.base = static_cast<uintptr_t>(base);
-  peer.bytes = bytes;
-  const std::string handle = name.substr(static_cast<size_t>(consumed));
-  if (handle != "none") {
-    if (handle.size() != 2 * sizeof(cudaIpcMemHandle_t)) {
-      return InvalidArgument("cuda backend: malformed CUDA IPC handle in \"" + name + "\"");
-    }
-    for (size_t i = 0; i < sizeof(cudaIpcMemHandle_t); ++i) {
-      hex[0] = handle[2 * i];
-      hex[1] = handle[2 * i + 1];
-      hex[2] = '\0';
-      peer.handle.reserved[i] = static_cast<char>(std::strtoul(hex, nullptr, 16));
-    }
-    peer.has_handle = true;
-  }
-  return peer;
-}
-
-}  // namespace
 
 Status CudaBackend::ConnectPeers(const PeerSetup& setup) {
   std::lock_guard<std::mutex> lock(step_mutex_);
@@ -269,54 +184,10 @@ Status CudaBackend::ConnectPeers(const PeerSetup& setup) {
     nccl_.reset();
     GCMOE_ASSIGN_OR_RETURN(nccl_, NcclComm::Init(setup.nccl_unique_id, world, me, options_.device));
   } else {
-    ClosePeers();
-    std::vector<uint8_t*> bases(world, nullptr);
-    for (int q = 0; q < world; ++q) {
-      if (q == me) {
-        bases[q] = static_cast<uint8_t*>(graph_->exchange_base());
-        continue;
-      }
-      GCMOE_ASSIGN_OR_RETURN(PeerName peer, ParsePeerName(setup.peer_names[q]));
-      if (peer.bytes != graph_->exchange_bytes()) {
-        return FailedPrecondition("cuda backend: rank " + std::to_string(q) +
-                                  "'s exchange region is " + std::to_string(peer.bytes) +
-                                  " bytes, this rank's " +
-                                  std::to_string(graph_->exchange_bytes()) +
-                                  " (ranks with different models or capacities?)");
-      }
-      if (peer.pid == static_cast<int>(getpid())) {
-        // A rank of this process: the address is valid here once peer access is on.
-        if (peer.device != options_.device) {
-          cudaError_t err = cudaDeviceEnablePeerAccess(peer.device, 0);
-          if (err == cudaErrorPeerAccessAlreadyEnabled) {
-            cudaGetLastError();
-            err = cudaSuccess;
-          }
-          if (err != cudaSuccess) {
-            return CudaError("enabling peer access from device " + std::to_string(options_.device) +
-                                 " to device " + std::to_string(peer.device),
-                             err);
-          }
-        }
-        bases[q] = reinterpret_cast<uint8_t*>(peer.base);
-        continue;
-      }
-      if (!peer.has_handle) {
-        return Unavailable("cuda backend: rank " + std::to_string(q) +
-                           " could not export its exchange region by CUDA IPC");
-      }
-      void* mapped = nullptr;
-      const cudaError_t err =
-          cudaIpcOpenMemHandle(&mapped, peer.handle, cudaIpcMemLazyEnablePeerAccess);
-      if (err != cudaSuccess) {
-        return CudaError("mapping rank " + std::to_string(q) +
-                             "'s exchange region (CUDA IPC, pid " + std::to_string(peer.pid) +
-                             ", device " + std::to_string(peer.device) + ")",
-                         err);
-      }
-      opened_.push_back(mapped);
-      bases[q] = static_cast<uint8_t*>(mapped);
-    }
+    GCMOE_ASSIGN_OR_RETURN(
+        const std::vector<uint8_t*> bases,
+        ipc_peers_.Map(setup.peer_names, me, options_.device,
+                       static_cast<uint8_t*>(graph_->exchange_base()), graph_->exchange_bytes()));
     const cudaError_t err = graph_->SetPeerBases(bases);
     if (err != cudaSuccess) return CudaError("installing the peer table", err);
   }
@@ -337,43 +208,30 @@ Status CudaBackend::ForceBlockRows(int bm) {
   return Status::Ok();
 }
 
-int BlockRowsForMeanRows(kernels::GemmKernel kernel, double rows_per_expert) {
-  // Each switch sits at the geometric midpoint between the measured means on either side.
-  // `bf16-wgmma` is `bf16` with its own kernel at BM 64, taken from a mean of 22.6
-  // (sqrt(16 * 32)).
-  if (kernel == kernels::GemmKernel::kWgmmaBf16 && rows_per_expert >= 22.6) return 64;
-  if (kernels::UsesBf16Operands(kernel)) {
-    // Measured optima (2026-12-01): 16 at means 2 to 8 (8 within 1 % at 2 and 4), 32 at 16, 32
-    // and 64; 64 is 1.2-1.3x slower than 32 at 64 rows. With two tiles per task at BM 16 and the
-    // shift decode (later that day, the same routing for both sizes): at mean 1, 16 is 1.07x
-    // faster on DeepSeek-V4.1-Flash and 0.99x on GLM-5.2; at 0.5, 0.95x and 1.00x. At 16 rows it
-    // still loses (GLM-5.2 318 against 286 us, routings of one seed).
-    if (rows_per_expert < 0.71) return 8;   // sqrt(0.5 * 1)
-    if (rows_per_expert < 11.3) return 16;  // sqrt(8 * 16)
-    return 32;
-  }
-  // The FP8 kernels (2026-11-29): 8 at means 2 and 4, 16 at 8 and 16, 32 at 32, 64 at 64.
-  if (rows_per_expert < 5.66) return 8;   // sqrt(4 * 8)
-  if (rows_per_expert < 22.6) return 16;  // sqrt(16 * 32)
-  if (rows_per_expert < 45.3) return 32;  // sqrt(32 * 64)
-  return 64;
+int BlockRowsForMeanRows(double rows_per_expert) {
+  // Each switch sits at the geometric midpoint between the measured means on either side: 8 up
+  // to a mean of 0.5 rows, 16 from 1 to 8, 32 at 16, and the wgmma kernel's 64 from a mean of
+  // 22.6 = sqrt(16 * 32) (docs/DESIGN-NOTES.md, block size).
+  if (rows_per_expert >= 22.6) return 64;
+  if (rows_per_expert < 0.71) return 8;   // sqrt(0.5 * 1)
+  if (rows_per_expert < 11.3) return 16;  // sqrt(8 * 16)
+  return 32;
 }
 
 int CudaBackend::MaxTailRows(int bm) const {
   // A merged block's W1 tasks wait for both blocks' ring slots: with one slot the tail's could
   // only be filled after the head's tasks, which wait for it.
   // With the shared expert its stages have no room for the tail's rows (WideTokenRows).
-  if (!merge_tails_ || graph_->gemm_kernel() != kernels::GemmKernel::kWgmmaBf16 ||
-      bm != kernels::kWgmmaBf16Bm || graph_->ring_blocks(bm) < 2 || options_.model.has_shared()) {
+  if (!options_.cuda.merge_tails || bm != kernels::kWgmmaBm || graph_->ring_blocks(bm) < 2 ||
+      options_.model.has_shared()) {
     return 0;
   }
-  return kernels::kWgmmaBf16MaxTailRows;
+  return kernels::kWgmmaMaxTailRows;
 }
 
 int CudaBackend::ChooseBlockRows(int64_t rows) const {
   if (forced_bm_ != 0) return forced_bm_;
-  return BlockRowsForMeanRows(graph_->gemm_kernel(),
-                              static_cast<double>(rows) / std::max(1, held_experts_));
+  return BlockRowsForMeanRows(static_cast<double>(rows) / std::max(1, held_experts_));
 }
 
 Status CudaBackend::CheckStep(const StepContext& ctx) const {
@@ -525,7 +383,7 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   // Block size from the expected tokens per held expert; rows from the plan.
   const int bm = ChooseBlockRows(RowsComputedBy(*ctx.plan, options_.rank));
   BuildGpuStepTables(*ctx.plan, options_.rank, slot_of_, bm, MaxTailRows(bm), &tables_,
-                     heaviest_first_);
+                     options_.cuda.heaviest_first);
   const int64_t rows = tables_.rows;
   const std::vector<kernels::RingBlock>& blocks = tables_.blocks;
   const std::vector<kernels::ExpertRoute>& routes = tables_.routes;
@@ -550,9 +408,8 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   header.ws2 = static_cast<const uint8_t*>(lw.ws2);
   header.scale_shift = lw.scale_shift;
   header.direct_rows =
-      direct_rows_ && !alltoall_ && options_.world_size == 1 && rows >= graph_->role1_grid() &&
-      kernels::Bf16ActOrder(graph_->gemm_kernel(), bm) != 0 &&
-      static_cast<int>(blocks.size()) <= graph_->ring_blocks(bm) &&
+      options_.cuda.direct_rows && !alltoall_ && options_.world_size == 1 &&
+      rows >= graph_->role1_grid() && static_cast<int>(blocks.size()) <= graph_->ring_blocks(bm) &&
       BuildDirectRows(*ctx.plan, tables_,
                       std::span<const int32_t>(ctx.topk_ids, static_cast<size_t>(T) * k), bm,
                       &direct_rows_host_);
@@ -659,38 +516,6 @@ Result<std::vector<float>> CudaBackend::TimeReplays(int warmup, int replays) {
     return Internal("cuda backend: timing replays: " + broken);
   }
   return times;
-}
-
-Result<double> CudaBackend::MeasureCopyBandwidth(size_t bytes, int reps) {
-  std::lock_guard<std::mutex> lock(step_mutex_);
-  GCMOE_RETURN_IF_ERROR(SelectDevice());
-  void* a = nullptr;
-  void* b = nullptr;
-  cudaStream_t s = graph_->stream();
-  cudaEvent_t start = nullptr, stop = nullptr;
-  cudaError_t err = cudaMalloc(&a, bytes);
-  if (err == cudaSuccess) err = cudaMalloc(&b, bytes);
-  if (err == cudaSuccess) err = cudaMemsetAsync(a, 1, bytes, s);
-  if (err == cudaSuccess) err = cudaEventCreate(&start);
-  if (err == cudaSuccess) err = cudaEventCreate(&stop);
-  std::vector<float> ms;
-  for (int i = 0; i < reps + 1 && err == cudaSuccess; ++i) {
-    err = cudaEventRecord(start, s);
-    if (err == cudaSuccess) err = cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s);
-    if (err == cudaSuccess) err = cudaEventRecord(stop, s);
-    if (err == cudaSuccess) err = cudaEventSynchronize(stop);
-    float t = 0.0f;
-    if (err == cudaSuccess) err = cudaEventElapsedTime(&t, start, stop);
-    if (i > 0) ms.push_back(t);  // the first copy is a warm-up
-  }
-  if (start != nullptr) cudaEventDestroy(start);
-  if (stop != nullptr) cudaEventDestroy(stop);
-  if (a != nullptr) cudaFree(a);
-  if (b != nullptr) cudaFree(b);
-  if (err != cudaSuccess) return CudaError("measuring copy bandwidth", err);
-  std::sort(ms.begin(), ms.end());
-  const double median_s = ms[ms.size() / 2] * 1e-3;
-  return 2.0 * static_cast<double>(bytes) / median_s;
 }
 
 Status CudaBackend::ReadSmIds(std::vector<int>* role1, std::vector<int>* role2) {

@@ -1,6 +1,6 @@
 // The CUDA backend's expert weights (CudaBackend::LoadExperts): each layer's quantized codes and
 // scales re-laid out into the grouped GEMM's tiles (kernels/weight_tiles_sm90.h) and uploaded,
-// with the bf16 role2's scale shifts.
+// with role2's scale shifts.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -34,7 +34,7 @@ Status UploadTiles(bool gated, TileFormat format, const std::vector<uint8_t>& co
   return err == cudaSuccess ? Status::Ok() : CudaError("uploading weights", err);
 }
 
-// The bf16 role2 multiplies each decoded weight by its block scale in BF16: the scale's code plus
+// role2 multiplies each decoded weight by its block scale in BF16: the scale's code plus
 // the decode's bias must stay a finite BF16 exponent (kernels/bf16_operands.h). A matrix whose
 // largest code is above that limit is loaded with every code lowered by the excess, its shift,
 // which its tasks multiply back into their FP32 results (kernels::StepHeader::scale_shift): the
@@ -49,8 +49,8 @@ Result<int32_t> ShiftBf16Scales(const std::string& what, uint32_t bias,
   if (*lo < shift) {
     return InvalidArgument("cuda backend: " + what + " has block scales from 2^" +
                            std::to_string(*lo - 127) + " to 2^" + std::to_string(*hi - 127) +
-                           ", a wider span than the bf16 role2 kernel holds (2^" +
-                           std::to_string(limit) + "): use GCMOE_CUDA_GEMM=stream");
+                           ", a wider span than the GPU kernels hold (2^" +
+                           std::to_string(limit) + "); the cpu backend serves it");
   }
   for (uint8_t& code : *scales) code = static_cast<uint8_t>(code - shift);
   return shift;
@@ -93,10 +93,9 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
     }
     slot_of_[e] = slot;
   }
-  // The bf16 role2 reads its own lane-word placement (same bytes) and folds the block scales
-  // into BF16 multipliers, which bounds them (kernels/bf16_operands.h).
-  const bool bf16 = kernels::UsesBf16Operands(graph_->gemm_kernel());
-  const TileFormat routed = bf16 ? TileFormat::kE2M1Bf16 : TileFormat::kE2M1;
+  // role2 reads its own lane-word placement (same bytes) and folds the block scales into BF16
+  // multipliers, which bounds them (kernels/bf16_operands.h).
+  const TileFormat routed = TileFormat::kE2M1Bf16;
   const int64_t w1_bytes = kernels::GatedTilesBytes(routed, I, H);
   const int64_t w2_bytes = kernels::PlainTilesBytes(routed, H, I);
   std::vector<uint8_t> staging;
@@ -115,11 +114,9 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
         return Internal("cuda backend: expert " + std::to_string(experts[slot]) + " of layer " +
                         std::to_string(l) + " has unexpected sizes");
       }
-      if (bf16) {
-        GCMOE_RETURN_IF_ERROR(ShiftBf16Pair(
-            "expert " + std::to_string(experts[slot]) + " of layer " + std::to_string(l),
-            kernels::kE2m1Bf16ScaleBias, &w.w1_scales, &w.w2_scales, &shifts[2 * slot]));
-      }
+      GCMOE_RETURN_IF_ERROR(ShiftBf16Pair(
+          "expert " + std::to_string(experts[slot]) + " of layer " + std::to_string(l),
+          kernels::kE2m1Bf16ScaleBias, &w.w1_scales, &w.w2_scales, &shifts[2 * slot]));
       GCMOE_RETURN_IF_ERROR(UploadTiles(true, routed, w.w1, w.w1_scales, I, H,
                                         static_cast<uint8_t*>(lw.w1) + slot * w1_bytes, &staging));
       GCMOE_RETURN_IF_ERROR(UploadTiles(false, routed, w.w2, w.w2_scales, H, I,
@@ -127,11 +124,9 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
     }
     if (m.has_shared()) {
       GCMOE_ASSIGN_OR_RETURN(SharedExpertWeights w, source.LoadShared(l));
-      if (bf16) {
-        GCMOE_RETURN_IF_ERROR(ShiftBf16Pair("the shared expert of layer " + std::to_string(l),
-                                            kernels::kE4m3Bf16ScaleBias, &w.w1_scales, &w.w2_scales,
-                                            &shifts[2 * held_experts_]));
-      }
+      GCMOE_RETURN_IF_ERROR(ShiftBf16Pair("the shared expert of layer " + std::to_string(l),
+                                          kernels::kE4m3Bf16ScaleBias, &w.w1_scales, &w.w2_scales,
+                                          &shifts[2 * held_experts_]));
       const int64_t s1 = kernels::GatedTilesBytes(TileFormat::kE4M3, Is, H);
       const int64_t s2 = kernels::PlainTilesBytes(TileFormat::kE4M3, H, Is);
       err = cudaMalloc(&lw.ws1, s1);
@@ -142,21 +137,19 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
       GCMOE_RETURN_IF_ERROR(UploadTiles(false, TileFormat::kE4M3, w.w2, w.w2_scales, H, Is,
                                         static_cast<uint8_t*>(lw.ws2), &staging));
     }
-    if (bf16) {
-      const size_t bytes = shifts.size() * sizeof(int32_t);
-      err = cudaMalloc(&lw.scale_shift, bytes);
-      if (err == cudaSuccess) {
-        err = cudaMemcpy(lw.scale_shift, shifts.data(), bytes, cudaMemcpyHostToDevice);
-      }
-      if (err != cudaSuccess) return CudaError("uploading the scale shifts", err);
-      const int shifted = static_cast<int>(
-          std::count_if(shifts.begin(), shifts.end(), [](int32_t s) { return s != 0; }));
-      if (shifted > 0) {
-        spdlog::info(
-            "cuda backend: layer {}: {} of {} matrices have block scales above the bf16 "
-            "kernel's multiplier range, loaded shifted (exact)",
-            l, shifted, shifts.size());
-      }
+    const size_t bytes = shifts.size() * sizeof(int32_t);
+    err = cudaMalloc(&lw.scale_shift, bytes);
+    if (err == cudaSuccess) {
+      err = cudaMemcpy(lw.scale_shift, shifts.data(), bytes, cudaMemcpyHostToDevice);
+    }
+    if (err != cudaSuccess) return CudaError("uploading the scale shifts", err);
+    const int shifted = static_cast<int>(
+        std::count_if(shifts.begin(), shifts.end(), [](int32_t s) { return s != 0; }));
+    if (shifted > 0) {
+      spdlog::info(
+          "cuda backend: layer {}: {} of {} matrices have block scales above the GPU "
+          "kernels' multiplier range, loaded shifted (exact)",
+          l, shifted, shifts.size());
     }
   }
   return Status::Ok();

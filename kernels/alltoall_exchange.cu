@@ -121,14 +121,8 @@ __global__ void __launch_bounds__(kRoleThreads)
     const ExpertRoute route = p.routes[h.expert];
     const int base = route.home_rank == p.dims.rank ? route.home_base : route.host_base;
     const int64_t ring_row = static_cast<int64_t>(route.first_block) * p.bm + (h.recv_index - base);
-    if (p.act_bf16) {
-      WarpRowToBf16(rec + sizeof(A2aRecordHeader), rec + sizeof(A2aRecordHeader) + H, H, lane,
-                    false, p.act_bf16, reinterpret_cast<uint16_t*>(p.ring) + ring_row * H);
-    } else {
-      WarpCopy16(p.ring + ring_row * H, rec + sizeof(A2aRecordHeader), H, lane);
-      WarpCopy4(p.ring_scales + ring_row * (H / 32), rec + sizeof(A2aRecordHeader) + H, H / 32,
-                lane);
-    }
+    WarpRowToBf16(rec + sizeof(A2aRecordHeader), rec + sizeof(A2aRecordHeader) + H, H, lane, false,
+                  p.act_bf16, reinterpret_cast<uint16_t*>(p.ring) + ring_row * H);
     if (lane == 0) p.meta[ring_row] = h.meta;
   }
   if (blockIdx.x == 0) {

@@ -1,4 +1,4 @@
-// Operands of the bf16 role2 (grouped_gemm_wgmma_fp8_fp4_sm90.cu) as BF16 bit patterns, host and
+// Operands of role2 (grouped_gemm_sm90.cu) as BF16 bit patterns, host and
 // device, so the CPU tests check them against engine/numerics: E4M3 codes (the activations, the
 // shared expert's weights) decoded by bit placement, and the UE8M0 block scales as BF16
 // multipliers that turn the decoded codes into exact values. (The E2M1 lane-word decode is
@@ -41,8 +41,7 @@ GCMOE_HOST_DEVICE constexpr uint32_t Bf16PowerPair(uint32_t field) { return fiel
 // exponent fields of the low and the high half: one byte permute and one shift for both rows of a
 // block, which ptxas issues on the FMA pipe (IMAD.SHL; adding the bias per multiplier made it an
 // ALU LEA). Each row's registers are multiplied by its half (MulBf16x2ByHalf); one permute and
-// shift per row, each byte in both halves, cost two more instructions per block (1.01-1.03x,
-// docs/PERFORMANCE.md, session 20).
+// shift per row, each byte in both halves, cost two more instructions per block (1-3 % slower).
 inline constexpr uint32_t kE2m1Bf16ScaleBias = 126;
 inline constexpr uint32_t kE4m3Bf16ScaleBias = 120;
 GCMOE_HOST_DEVICE constexpr int MaxBf16ScaleCode(uint32_t bias) {
@@ -65,9 +64,9 @@ GCMOE_HOST_DEVICE inline uint32_t BiasedScaleRowPair(uint32_t biased, int half) 
 // engine's quantizers write >= 105), two multiplies so that no multiplier leaves BF16's range.
 inline constexpr uint32_t kE4m3Bf16Undo = Bf16PowerPair(127 + 120);
 
-// ---- activations as the bf16 role2 reads them --------------------------------------------------
+// ---- activations as role2 reads them --------------------------------------------------
 //
-// The bf16 role2 reads activations as BF16 rows written once (role1's pull, the W1 epilogue):
+// role2 reads activations as BF16 rows written once (role1's pull, the W1 epilogue):
 // the exact values of the E4M3 codes times their block scale, each 32-value block of a row
 // permuted in place so that a weight lane word's values meet the activations they multiply. A
 // weight lane word of lane t holds the block's logical positions 4t..4t+3 (its low run, K16 step

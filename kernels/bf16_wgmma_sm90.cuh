@@ -1,14 +1,13 @@
-// The bf16-wgmma role2 at BM 64 (GemmKernel::kWgmmaBf16; GroupedGemmWgmmaBf16Kernel in
-// grouped_gemm_wgmma_fp8_fp4_sm90.cu): the paper's register-A wgmma (§4.4) on exact BF16
-// operands. Weights decoded in the consumer warps' registers exactly as the bf16 kernel's
-// mma.sync (DecodeWeightUnit: a warp's A registers of a K16 step are the per-warp A fragment
+// role2 at BM 64 (GroupedGemmWgmmaBf16Kernel in grouped_gemm_sm90.cu): the paper's register-A
+// wgmma (§4.4) on exact BF16 operands. Weights decoded in the consumer warps' registers exactly
+// as for the BM 8-32 kernel's mma.sync (DecodeWeightUnit: a warp's A registers of a K16 step are the per-warp A fragment
 // of wgmma m64nNk16), tokens read by the tensor core from shared memory by descriptor, so one
 // wgmma per K16 step multiplies a warpgroup's 64 weight rows with every valid token of the block
 // while the SM's other warpgroups decode.
 //
 // CTA (three per SM, WideCtasPerSm) = two consumer warpgroups (warpgroup w computes tile w of the
-// task's two tiles: its warp q holds rows 16q..16q+15, as the streaming kernels' consumer warp q) +
-// one producer warp (the streaming kernels' Producer, kWide mode). A stage holds the block's BF16
+// task's two tiles: its warp q holds rows 16q..16q+15, as the BM 8-32 kernel's consumer warp q) +
+// one producer warp (the BM 8-32 kernel's Producer, kWide mode). A stage holds the block's BF16
 // token rows first (1024-aligned, K-major with the 128-byte swizzle: [K half][row][128 bytes],
 // one TMA box of 16 rows per K half and 16-row group of valid rows), then both tiles' chunks.
 // full: 1 arrival, the producer's expect_tx of every byte (both copies are async-proxy writes,
@@ -20,14 +19,14 @@
 // and its time is linear in N), inside the 16-row boxes the producer loads; the columns past the
 // valid rows multiply whatever the stage holds there and are never stored.
 //
-// Merged tails: an expert's last block of at most kWgmmaBf16MaxTailRows rows after a full block
+// Merged tails: an expert's last block of at most kWgmmaMaxTailRows rows after a full block
 // is computed by the full block's tasks (RingBlock::tail_rows; the host marks them), at N = 80:
 // the stage takes the tail's rows as a fifth 16-row box (W1: from the tail's ring slot; W2: the
 // next block's h rows, which follow), and the epilogues write the tail's h rows and partials,
 // which lie right after the block's. The tail's own tasks are claimed and dropped. Unmerged, such
 // a tail decodes its expert's weights again for at most 16 tokens: at GLM-5.2 T = 256 (64 rows
-// per expert) 18 of 50 blocks. Merged, that point took 1.10-1.11x less time (H200, 2026-12-02);
-// the N = 80 path's registers cost 1.00-1.03x at points without tails (docs/PERFORMANCE.md).
+// per expert) 18 of 50 blocks. Merging them is worth about 10 % there; the N = 80 path's
+// registers cost up to 3 % at steps without tails, so those run an instance without it.
 //
 // The tokens' K order is the wgmma order (bf16_operands.h, kBf16WgmmaOrder): K16 step s of a
 // block reads its 32 contiguous bytes 32 s.., whose column 2t + e must hold the logical position
@@ -40,7 +39,6 @@
 #include "kernels/bf16_operands.h"
 #include "kernels/device_common.cuh"
 #include "kernels/layer_roles.h"
-#include "kernels/role2_probe.h"
 #include "kernels/scale_bytes.h"
 #include "kernels/sm90_async.cuh"
 #include "kernels/stream_pipeline_sm90.cuh"
@@ -48,9 +46,9 @@
 
 namespace gcmoe::kernels::stream_role2 {
 
-inline constexpr int kWideBm = kWgmmaBf16Bm;
+inline constexpr int kWideBm = kWgmmaBm;
 // The widest task: a full block with its expert's merged tail block (RingBlock::tail_rows).
-inline constexpr int kWideN = kWideBm + kWgmmaBf16MaxTailRows;
+inline constexpr int kWideN = kWideBm + kWgmmaMaxTailRows;
 inline constexpr int kWideGroups = 2;  // consumer warpgroups, one per tile of the task
 inline constexpr int kWideConsumers = kWideGroups * kConsumerThreads;
 inline constexpr int kWideThreads = kWideConsumers + 32;
@@ -111,8 +109,7 @@ static_assert(WideTokenHalfBytes(false) % 1024 == 0 && WideTokenHalfBytes(true) 
 // this warp's lane words of stripe q of tile `group` for that block, the decode of both K16
 // steps' A registers, then their two wgmma as one group, waited for before the next block.
 // Waiting per block keeps one block's A registers live: three CTAs per SM leave 72 registers.
-// Decoding block kb + 1 while block kb's wgmma run measured 0.99-1.02x (session 12, where ptxas
-// serialized the wgmma: C7512) and 0.99-1.01x (session 13, without C7512): the SM's other five
+// Decoding block kb + 1 while block kb's wgmma run gained nothing measurable: the SM's other five
 // warpgroups fill the tensor core meanwhile. The stage is released after the last block.
 template <int N, bool kFp4>
 __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_bytes,
@@ -127,10 +124,6 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
   const int warp = (threadIdx.x >> 5) & 3;
   const int lane = threadIdx.x & 31;
   MbarWait(SmemAddr(&bars.full[ring.stage]), ring.phase, mbar_timeout, env, ring.stage);
-  if constexpr (kRole2Probe.no_compute) {
-    if (release) MbarArrive(SmemAddr(&bars.empty[ring.stage]));
-    return;
-  }
   const uint8_t* st = stage_base + static_cast<int64_t>(ring.stage) * stage_bytes;
   const uint8_t* a_src =
       st + 2 * token_half_bytes + group * a_tile_region + warp * ChunkBytes(kFormat);
@@ -160,11 +153,7 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
 #pragma unroll
     for (int h0 = 0; h0 < 2; h0 += kSteps) {
       uint32_t a[kSteps][4];
-      if constexpr (kRole2Probe.no_decode) {
-        for (int q = 0; q < kSteps; ++q) {
-          for (int i = 0; i < 4; ++i) a[q][i] = w[h0 + q == 0 ? 0 : kBlockWords / 2];
-        }
-      } else if constexpr (kSteps == 2) {
+      if constexpr (kSteps == 2) {
         DecodeBlockFragments<kFp4>(w, kb < 2 ? sw.x : sw.y, kb, a);
       } else {
         DecodeStepFragments<kFp4>(w, kb < 2 ? sw.x : sw.y, kb, h0, a[0]);
@@ -176,7 +165,6 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
 #pragma unroll
         for (int i = 0; i < 4; ++i) FenceOperand(a[q][i]);
       }
-      if constexpr (kRole2Probe.no_wgmma) continue;
       WgmmaFence();
 #pragma unroll
       for (int q = 0; q < kSteps; ++q) {

@@ -14,7 +14,7 @@
 //      pieces of its rows, one CTA each; a piece's rows (codes, scales) and metadata are
 //      copied, then one is added to ring_full[slot]. Role2 acquires the slot at
 //      RingFullTarget before its W1 tasks read it (layer_types.h).
-//   Direct rows (StepHeader::direct_rows: one rank, the bf16 role2, the host's ring row of every
+//   Direct rows (StepHeader::direct_rows: one rank, the host's ring row of every
 //   assignment in LayerParams::direct_rows): A writes each token's BF16 values into its slots'
 //   ring rows and their metadata, instead of routing; after B every block is marked full at once
 //   and there is no pull.
@@ -36,9 +36,9 @@ constexpr int kPullBatch = 4;   // 32-value blocks of other ranks' rows a thread
 constexpr int kCopyBatch = 8;   // 16-byte copies of this rank's own BF16 rows a thread has in
                                 // flight per round (phase C)
 
-// Registers unbounded (ptxas: 128 a thread, 2026-12-03), so that beside a role1 CTA only one
-// BM 64 role2 CTA of three is resident. A cap of 80, which keeps two, spilled 64 bytes and
-// measured 0.989-0.999x of the unbounded kernel (114 registers then; H200, 2026-12-02).
+// Registers unbounded (ptxas gives it 128 a thread), so that beside a role1 CTA only one BM 64
+// role2 CTA of three is resident. A cap of 80, which keeps two, spilled 64 bytes and measured
+// slightly slower than the unbounded kernel.
 __global__ void __launch_bounds__(kRoleThreads)
     DispatchRole1Kernel(const __grid_constant__ LayerParams p) {
   __shared__ int s_go;       // phase B's outcome
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kRoleThreads)
   // Where a warp's 32 lanes cover 32 blocks of one row (H a multiple of 1024), the warp stores
   // each ring row's 2 KB from s_stage 16 bytes a lane, 512 contiguous bytes per instruction; each
   // lane storing its own 64 bytes into every slot's row made role1 as slow as the pull it
-  // replaces (28 against 29 us at GLM-5.2 T = 256, ncu, H200, 2026-12-03).
+  // replaces.
   const bool coalesce = direct && row_blocks % 32 == 0;
   uint16_t* ring_bf = reinterpret_cast<uint16_t*>(p.ring);
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < T * row_blocks;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kRoleThreads)
   // them after the earlier runs' counts, so that the numbering is the expert's assignment order
   // (the plan's) while each warp ranks a kWarps-th of the groups. (A warp per expert ranked
   // every group in turn, each hit's entry a chain of dependent instructions: 64 groups took
-  // about 25 us at GLM-5.2 T = 256, H200, 2026-12-02.)
+  // about 25 us at GLM-5.2 T = 256.)
   const int assignments = T * k;
   const int groups = (assignments + 31) / 32;
   const int run = (groups + kWarps - 1) / kWarps;  // groups per warp
@@ -231,85 +231,59 @@ __global__ void __launch_bounds__(kRoleThreads)
       *reinterpret_cast<uint4*>(&p.meta[static_cast<int64_t>(b) * p.bm + r0 + r]) = raw;
     }
     __syncthreads();
-    if (p.act_bf16) {
-      // The bf16 role2's BF16 rows. This rank's own tokens: copies of the rows phase A wrote
-      // (x_bf), 16 bytes per item, kCopyBatch items in flight per thread. (Converting each
-      // E4M3 block again, once per routed copy of its token, made the pull issue-bound: role1
-      // took 50 us at GLM-5.2 T = 256, H200, 2026-12-02.)
-      const int chunks = H / 8;  // 16-byte pieces of a BF16 row
-      const int local_items = rows * chunks;
-      uint16_t* ring_rows =
-          reinterpret_cast<uint16_t*>(p.ring) + (static_cast<int64_t>(slot) * p.bm + r0) * H;
-      for (int i0 = threadIdx.x; i0 < local_items; i0 += kCopyBatch * blockDim.x) {
-        uint4 v[kCopyBatch];
-        bool own[kCopyBatch];
+    // role2's BF16 rows. This rank's own tokens: copies of the rows phase A wrote (x_bf), 16 bytes
+    // per item, kCopyBatch items in flight per thread. (Converting each
+    // E4M3 block again, once per routed copy of its token, made the pull issue-bound.)
+    const int chunks = H / 8;  // 16-byte pieces of a BF16 row
+    const int local_items = rows * chunks;
+    uint16_t* ring_rows =
+        reinterpret_cast<uint16_t*>(p.ring) + (static_cast<int64_t>(slot) * p.bm + r0) * H;
+    for (int i0 = threadIdx.x; i0 < local_items; i0 += kCopyBatch * blockDim.x) {
+      uint4 v[kCopyBatch];
+      bool own[kCopyBatch];
 #pragma unroll
-        for (int u = 0; u < kCopyBatch; ++u) {
-          const int i = i0 + u * blockDim.x;
-          const uint4 raw = s_rows[min(i, local_items - 1) / chunks];
-          own[u] = i < local_items && static_cast<int>(raw.z) == p.dims.rank;
-          if (own[u]) v[u] = LdCg128(p.x_bf + static_cast<int64_t>(raw.x) * H + (i % chunks) * 8);
-        }
+      for (int u = 0; u < kCopyBatch; ++u) {
+        const int i = i0 + u * blockDim.x;
+        const uint4 raw = s_rows[min(i, local_items - 1) / chunks];
+        own[u] = i < local_items && static_cast<int>(raw.z) == p.dims.rank;
+        if (own[u]) v[u] = LdCg128(p.x_bf + static_cast<int64_t>(raw.x) * H + (i % chunks) * 8);
+      }
 #pragma unroll
-        for (int u = 0; u < kCopyBatch; ++u) {
-          const int i = i0 + u * blockDim.x;
-          if (own[u]) {
-            *reinterpret_cast<uint4*>(ring_rows + static_cast<int64_t>(i / chunks) * H +
-                                      (i % chunks) * 8) = v[u];
-          }
+      for (int u = 0; u < kCopyBatch; ++u) {
+        const int i = i0 + u * blockDim.x;
+        if (own[u]) {
+          *reinterpret_cast<uint4*>(ring_rows + static_cast<int64_t>(i / chunks) * H +
+                                    (i % chunks) * 8) = v[u];
         }
       }
-      // Other ranks' tokens: their E4M3 blocks converted, one thread per (row, 32-value block).
-      // One rank has none: its pass would only test every item's row.
-      const int items = world > 1 ? rows * scale_bytes : 0;
-      for (int i0 = threadIdx.x; i0 < items; i0 += kPullBatch * blockDim.x) {
-        uint4 lo[kPullBatch], hi[kPullBatch];
-        uint32_t scale_word[kPullBatch];
-        bool remote[kPullBatch];
+    }
+    // Other ranks' tokens: their E4M3 blocks converted, one thread per (row, 32-value block).
+    // One rank has none: its pass would only test every item's row.
+    const int items = world > 1 ? rows * scale_bytes : 0;
+    for (int i0 = threadIdx.x; i0 < items; i0 += kPullBatch * blockDim.x) {
+      uint4 lo[kPullBatch], hi[kPullBatch];
+      uint32_t scale_word[kPullBatch];
+      bool remote[kPullBatch];
 #pragma unroll
-        for (int u = 0; u < kPullBatch; ++u) {
-          const int i = i0 + u * blockDim.x;
-          const uint4 raw = s_rows[min(i, items - 1) / scale_bytes];
-          const int token = static_cast<int>(raw.x);
-          const int src = static_cast<int>(raw.z);
-          remote[u] = i < items && src != p.dims.rank;
-          // Fetched afresh (ld.cv), never from a line this GPU cached in an earlier replay.
-          if (remote[u]) {
-            LoadE4m3Block(p.peers.x_q[src] + static_cast<int64_t>(token) * H,
-                          p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes,
-                          i % scale_bytes, true, &lo[u], &hi[u], &scale_word[u]);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kPullBatch; ++u) {
-          const int i = i0 + u * blockDim.x;
-          if (remote[u]) {
-            StoreE4m3BlockAsBf16(lo[u], hi[u], scale_word[u], i % scale_bytes, p.act_bf16,
-                                 ring_rows + static_cast<int64_t>(i / scale_bytes) * H);
-          }
-        }
-      }
-    } else {
-      for (int r = warp; r < rows; r += kWarps) {
-        const uint4 raw = s_rows[r];
+      for (int u = 0; u < kPullBatch; ++u) {
+        const int i = i0 + u * blockDim.x;
+        const uint4 raw = s_rows[min(i, items - 1) / scale_bytes];
         const int token = static_cast<int>(raw.x);
         const int src = static_cast<int>(raw.z);
-        // Another GPU's activations: fetched afresh (ld.cv), never from a line this GPU cached
-        // in an earlier replay.
-        const bool remote = src != p.dims.rank;
-        const uint8_t* src_row = p.peers.x_q[src] + static_cast<int64_t>(token) * H;
-        const uint8_t* src_scales = p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes;
-        const int64_t ring_row = static_cast<int64_t>(slot) * p.bm + r0 + r;
-        uint8_t* dst_row = p.ring + ring_row * H;
-        uint8_t* dst_scales = p.ring_scales + ring_row * scale_bytes;
-#pragma unroll 4
-        for (int o = lane * 16; o < H; o += 32 * 16) {
-          *reinterpret_cast<uint4*>(dst_row + o) =
-              remote ? LdCv128(src_row + o) : LdCg128(src_row + o);
+        remote[u] = i < items && src != p.dims.rank;
+        // Fetched afresh (ld.cv), never from a line this GPU cached in an earlier replay.
+        if (remote[u]) {
+          LoadE4m3Block(p.peers.x_q[src] + static_cast<int64_t>(token) * H,
+                        p.peers.x_s[src] + static_cast<int64_t>(token) * scale_bytes,
+                        i % scale_bytes, true, &lo[u], &hi[u], &scale_word[u]);
         }
-        for (int o = lane * 4; o < scale_bytes; o += 32 * 4) {
-          *reinterpret_cast<uint32_t*>(dst_scales + o) =
-              remote ? LdCv32(src_scales + o) : LdCg32(src_scales + o);
+      }
+#pragma unroll
+      for (int u = 0; u < kPullBatch; ++u) {
+        const int i = i0 + u * blockDim.x;
+        if (remote[u]) {
+          StoreE4m3BlockAsBf16(lo[u], hi[u], scale_word[u], i % scale_bytes, p.act_bf16,
+                               ring_rows + static_cast<int64_t>(i / scale_bytes) * H);
         }
       }
     }

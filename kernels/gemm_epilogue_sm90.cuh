@@ -1,4 +1,4 @@
-// The two epilogues of a role2 task (DESIGN.md §4 steps 3-4), shared by the sm90 grouped-GEMM
+// The two epilogues of a role2 task (DESIGN.md §4 steps 3-4), shared by both sm90 grouped-GEMM
 // kernels. Each reads the task's tile results, rounded to BF16, through `red(row, token)` (row
 // 0..63 of the 64-row weight tile) after a barrier that made them visible; warps 0..kWarps-1 of
 // the calling threads take the tokens in passes.
@@ -20,10 +20,9 @@ inline constexpr uint32_t kFullWarp = 0xFFFFFFFFu;
 // W1 (steps 3 and 4a) with kTokens tokens per pass and warp: 32 / kTokens lanes per token, each
 // with kTokens adjacent features (kTokens (lane % (32 / kTokens)) ..), so that the block's amax
 // is a reduction over those lanes and the lane's codes are one store per feature pair.
-template <int kTokens, int kWarps, bool kBf16Out, typename RedAt>
+template <int kTokens, int kWarps, typename RedAt>
 __device__ __forceinline__ void SwigluPasses(const LayerParams& p, RedAt red, int rows, int tile,
-                                             int inter, const RowMeta* meta, uint8_t* h_q,
-                                             uint8_t* h_s) {
+                                             int inter, const RowMeta* meta, uint8_t* h_q) {
   constexpr int kLanes = 32 / kTokens;           // per token
   constexpr int kPreload = 32 / kTokens;         // passes whose weights one load covers
   const int warp = (threadIdx.x >> 5) % kWarps;  // within the calling warpgroup(s)
@@ -78,30 +77,17 @@ __device__ __forceinline__ void SwigluPasses(const LayerParams& p, RedAt red, in
       }
     }
     if (n >= rows) continue;
-    if constexpr (kBf16Out) {
-      uint16_t* row =
-          reinterpret_cast<uint16_t*>(h_q) + static_cast<int64_t>(n) * inter + tile * 32;
-      const uint32_t scale = Bf16PowerPair(code);
+    uint16_t* row = reinterpret_cast<uint16_t*>(h_q) + static_cast<int64_t>(n) * inter + tile * 32;
+    const uint32_t scale = Bf16PowerPair(code);
 #pragma unroll
-      for (int j = 0; j < (kTokens + 1) / 2; ++j) {
-        const uint32_t pair = MulBf16x2(MulBf16x2(E4m3PairToBf16(e4m3, j), kE4m3Bf16Undo), scale);
-        uint16_t* at = row + Bf16BlockColumn(f0 + 2 * j, p.act_bf16);
-        if constexpr (kTokens == 1) {
-          *at = static_cast<uint16_t>(pair);
-        } else {  // features f0 + 2j and f0 + 2j + 1: adjacent in both orders
-          *reinterpret_cast<uint32_t*>(at) = pair;
-        }
-      }
-    } else {
-      uint8_t* at = h_q + static_cast<int64_t>(n) * inter + tile * 32 + f0;
+    for (int j = 0; j < (kTokens + 1) / 2; ++j) {
+      const uint32_t pair = MulBf16x2(MulBf16x2(E4m3PairToBf16(e4m3, j), kE4m3Bf16Undo), scale);
+      uint16_t* at = row + Bf16BlockColumn(f0 + 2 * j, p.act_bf16);
       if constexpr (kTokens == 1) {
-        *at = static_cast<uint8_t>(e4m3);
-      } else if constexpr (kTokens == 2) {
-        *reinterpret_cast<uint16_t*>(at) = static_cast<uint16_t>(e4m3);
-      } else {
-        *reinterpret_cast<uint32_t*>(at) = e4m3;
+        *at = static_cast<uint16_t>(pair);
+      } else {  // features f0 + 2j and f0 + 2j + 1: adjacent in both orders
+        *reinterpret_cast<uint32_t*>(at) = pair;
       }
-      if (f0 == 0) h_s[static_cast<int64_t>(n) * (inter / 32) + tile] = static_cast<uint8_t>(code);
     }
   }
 }
@@ -110,23 +96,20 @@ __device__ __forceinline__ void SwigluPasses(const LayerParams& p, RedAt red, in
 // Tile rows 0..31 are the gate features, 32..63 the matching up features
 // (weight_tiles_sm90.h): one scale block of h. A warp's pass takes four tokens where the block
 // gives every warp at least one such pass, else two or one, so that a small block still spreads
-// over the warps (four at every size was 1-4 % slower at 2-32 tokens per rank). Against one token
-// a pass, the GLM-5.2 step at 64 tokens per expert took 1.05x less time (docs/PERFORMANCE.md,
-// session 21).
-// With kBf16Out (the bf16 role2, LayerParams::act_bf16) the quantized h is stored as that kernel
-// reads it: the exact BF16 of code x scale, in block column order (bf16_operands.h), 2 bytes per
-// feature and no scale array. Every value is computed by the same rounded operations as the CPU
-// backend's.
-template <int kWarps, bool kBf16Out = false, typename RedAt>
+// over the warps (four at every size was 1-4 % slower at 2-32 tokens per rank; one token a pass
+// about 5 % slower at 64 tokens per expert).
+// The quantized h is stored as role2's W2 reads it (LayerParams::act_bf16): the exact BF16 of
+// code x scale, in block column order (bf16_operands.h), 2 bytes per feature and no scale array.
+// Every value is computed by the same rounded operations as the CPU backend's.
+template <int kWarps, typename RedAt>
 __device__ __forceinline__ void SwigluEpilogue(const LayerParams& p, RedAt red, int rows, int tile,
-                                               int inter, const RowMeta* meta, uint8_t* h_q,
-                                               uint8_t* h_s) {
+                                               int inter, const RowMeta* meta, uint8_t* h_q) {
   if (rows >= 4 * kWarps) {
-    SwigluPasses<4, kWarps, kBf16Out>(p, red, rows, tile, inter, meta, h_q, h_s);
+    SwigluPasses<4, kWarps>(p, red, rows, tile, inter, meta, h_q);
   } else if (rows >= 2 * kWarps) {
-    SwigluPasses<2, kWarps, kBf16Out>(p, red, rows, tile, inter, meta, h_q, h_s);
+    SwigluPasses<2, kWarps>(p, red, rows, tile, inter, meta, h_q);
   } else {
-    SwigluPasses<1, kWarps, kBf16Out>(p, red, rows, tile, inter, meta, h_q, h_s);
+    SwigluPasses<1, kWarps>(p, red, rows, tile, inter, meta, h_q);
   }
 }
 

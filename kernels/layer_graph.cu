@@ -30,44 +30,9 @@ int BlockSizeIndex(int bm) {
   return -1;
 }
 
-const char* GemmKernelName(GemmKernel kernel) {
-  switch (kernel) {
-    case GemmKernel::kMmaSync:
-      return "mma";
-    case GemmKernel::kStreamMma:
-      return "stream";
-    case GemmKernel::kStreamWgmma:
-      return "wgmma";
-    case GemmKernel::kStreamBf16:
-      return "bf16";
-    case GemmKernel::kWgmmaBf16:
-      return "bf16-wgmma";
-  }
-  return "unknown";
-}
-
-cudaError_t Role2ShapeFor(GemmKernel kernel, const LayerDims& dims, int block_rows,
-                          Role2Shape* shape) {
-  if (kernel != GemmKernel::kMmaSync) {
-    return StreamGemmShape(dims, kernel, block_rows, shape);
-  }
-  shape->threads = kRoleThreads;
-  shape->stages = 0;
-  shape->smem_bytes = Role2SmemBytes(block_rows);
-  return Role2BlocksPerSm(block_rows, &shape->blocks_per_sm);
-}
-
-cudaError_t LaunchGroupedGemmRole2(GemmKernel kernel, const LayerParams& params,
-                                   const Role2Shape& shape, int grid, cudaStream_t stream,
-                                   bool early, bool merge_tails) {
-  if (kernel == GemmKernel::kMmaSync) return LaunchMmaSyncGemmRole2(params, grid, stream);
-  return LaunchStreamGemmRole2(params, kernel, shape, grid, stream, early, merge_tails);
-}
-
 cudaError_t LoadLayerKernels() {
   cudaError_t err = LoadDispatchRole1Kernel();
   if (err == cudaSuccess) err = LoadGroupedGemmKernels();
-  if (err == cudaSuccess) err = LoadStreamGemmKernels();
   if (err == cudaSuccess) err = LoadFinalizeRole3Kernel();
   if (err == cudaSuccess) err = LoadAllToAllKernels();
   return err;
@@ -119,8 +84,8 @@ cudaError_t LayerGraph::Create(const LayerGraphOptions& options, std::unique_ptr
   graph->role1_grid_ = graph->pair_->green      ? graph->pair_->dispatch_sms
                        : options.role1_grid > 0 ? std::min(options.role1_grid, total_sms)
                                                 : total_sms;
-  // More than one role3 CTA per SM: its reduction waits on L2 round trips, and at one CTA
-  // (8 warps) per SM took 21 us at GLM-5.2 T = 256 (H200, 2026-12-02).
+  // More than one role3 CTA per SM: its reduction waits on L2 round trips, which one CTA (8 warps)
+  // per SM cannot hide at large T.
   int role3_per_sm = 1;
   if ((err = Role3CtasPerSm(&role3_per_sm)) != cudaSuccess) {
     *error = CudaMessage("sizing role3", err);
@@ -130,7 +95,7 @@ cudaError_t LayerGraph::Create(const LayerGraphOptions& options, std::unique_ptr
   for (int i = 0; i < kNumBlockSizes; ++i) {
     const int bm = kBlockSizes[i];
     Role2Shape& shape = graph->role2_shape_[i];
-    err = Role2ShapeFor(options.gemm, d, bm, &shape);
+    err = Role2ShapeFor(d, bm, &shape);
     const int per_sm = shape.blocks_per_sm;
     if (err != cudaSuccess || per_sm < 1) {
       *error = "the grouped GEMM for BM " + std::to_string(bm) + " does not fit on an SM";
@@ -166,7 +131,7 @@ cudaError_t LayerGraph::Create(const LayerGraphOptions& options, std::unique_ptr
   for (int i = 0; i < kNumBlockSizes && err == cudaSuccess; ++i)
     err = graph->Replay(kBlockSizes[i]);
   if (err == cudaSuccess && graph->execs_[kTaillessGraph] != nullptr)
-    err = graph->Replay(kWgmmaBf16Bm, false);
+    err = graph->Replay(kWgmmaBm, false);
   if (err == cudaSuccess) err = cudaStreamSynchronize(graph->stream());
   if (err != cudaSuccess) {
     const std::string timeout = graph->TimeoutDiagnostic();
@@ -226,20 +191,16 @@ cudaError_t LayerGraph::Allocate() {
   recv_ = reinterpret_cast<RowMeta*>(exchange_ + exchange_offsets[2]);
   combine_ = reinterpret_cast<uint16_t*>(exchange_ + exchange_offsets[3]);
   sig_ = reinterpret_cast<Signals*>(exchange_ + exchange_offsets[4]);
-  // The bf16 role2 reads BF16 activation rows (LayerParams::act_bf16): twice the bytes.
-  const bool bf16 = UsesBf16Operands(options_.gemm);
-  const int64_t act_bytes = bf16 ? 2 : 1;
+  // role2 reads BF16 activation rows (LayerParams::act_bf16).
+  const int64_t act_bytes = 2;
   alloc(&ring_, static_cast<int64_t>(ring_rows_) * H * act_bytes);
-  alloc(&ring_scales_, static_cast<int64_t>(ring_rows_) * H / 32 + 16);
   alloc(&meta_, static_cast<int64_t>(rows_all_) * sizeof(RowMeta));
   alloc(&h_q_, static_cast<int64_t>(rows_all_) * I * act_bytes);
-  alloc(&h_s_, static_cast<int64_t>(rows_all_) * I / 32 + 16);
   alloc(&hs_q_, cap_rows * Is * act_bytes);
-  if (bf16) alloc(&x_bf_, cap_rows * H * 2);
-  alloc(&hs_s_, cap_rows * Is / 32 + 16);
+  alloc(&x_bf_, cap_rows * H * 2);
   alloc(&out_, cap * H * 4);
   alloc(&act_maps_, kNumActMapSets * static_cast<int64_t>(sizeof(TmaMap)));
-  if (err == cudaSuccess && bf16) {
+  if (err == cudaSuccess) {
     const struct {
       ActMap map;
       const void* base;
@@ -248,8 +209,7 @@ cudaError_t LayerGraph::Allocate() {
                 {kMapH, h_q_, rows_all_, I},
                 {kMapXbf, x_bf_, cap_rows, H},
                 {kMapHs, hs_q_, cap_rows, Is}};
-    // The K32 set for the mma.sync kernels; the K64 sets only where the bf16-wgmma kernel runs.
-    const bool wide = options_.gemm == GemmKernel::kWgmmaBf16;
+    // The K32 set for the mma.sync kernel (BM 8-32), the K64 sets for the wgmma kernel (BM 64).
     TmaMap host[kNumActMapSets] = {};
     for (const auto& m : maps) {
       if (m.base == nullptr || m.cols == 0) continue;  // no shared expert
@@ -257,7 +217,7 @@ cudaError_t LayerGraph::Allocate() {
         err =
             EncodeBf16TileMap(m.base, m.rows, m.cols, TmaBox::kK32, &host[K32ActMap(m.map, g)], g);
       }
-      for (int g = 1; g <= kTmaWideHeights && wide && err == cudaSuccess; ++g) {
+      for (int g = 1; g <= kTmaWideHeights && err == cudaSuccess; ++g) {
         err = EncodeBf16TileMap(m.base, m.rows, m.cols, TmaBox::kK64Swizzled,
                                 &host[WideActMap(m.map, g)], g);
       }
@@ -313,8 +273,8 @@ LayerParams LayerGraph::Params(int bm_index) const {
   p.role1_grid = role1_grid_;
   p.role2_grid = role2_grid(bm);
   p.r2_stages = role2_shape_[bm_index].stages;
-  p.r2_tiles_per_task = Role2TilesPerTask(options_.gemm, bm);
-  p.act_bf16 = Bf16ActOrder(options_.gemm, bm);
+  p.r2_tiles_per_task = Role2TilesPerTask(bm);
+  p.act_bf16 = Bf16ActOrder(bm);
   p.header = header_;
   p.blocks = blocks_;
   p.routes = routes_;
@@ -328,12 +288,9 @@ LayerParams LayerGraph::Params(int bm_index) const {
   p.x_bf = x_bf_;
   p.recv = recv_;
   p.ring = ring_;
-  p.ring_scales = ring_scales_;
   p.meta = meta_;
   p.h_q = h_q_;
-  p.h_s = h_s_;
   p.hs_q = hs_q_;
-  p.hs_s = hs_s_;
   p.act_maps = act_maps_;
   p.combine = combine_;
   p.out = out_;
@@ -400,8 +357,8 @@ cudaError_t LayerGraph::LaunchAllToAllStage(AllToAllStage stage, int bm) {
 cudaError_t LayerGraph::LaunchLocalRole2(int bm) {
   const int index = BlockSizeIndex(bm);
   if (index < 0 || a2a_send_ == nullptr) return cudaErrorInvalidValue;
-  return LaunchGroupedGemmRole2(options_.gemm, LocalParams(index), role2_shape_[index],
-                                role2_grid(bm), pair_->compute_stream);
+  return LaunchGroupedGemmRole2(LocalParams(index), role2_shape_[index], role2_grid(bm),
+                                pair_->compute_stream);
 }
 
 cudaError_t LayerGraph::LaunchLocalRole3(int bm) {
@@ -413,11 +370,10 @@ cudaError_t LayerGraph::LaunchLocalRole3(int bm) {
 cudaError_t LayerGraph::CaptureAll() {
   cudaError_t err = cudaSuccess;
   for (int i = 0; i < kNumBlockSizes && err == cudaSuccess; ++i) err = Capture(i, true);
-  // The bf16-wgmma kernel without merged tails, for BM 64 steps that have none (Replay). Only
+  // The wgmma kernel without merged tails, for BM 64 steps that have none (Replay). Only
   // without the shared expert: with it the kernel merges no tails at all.
-  if (err == cudaSuccess && options_.gemm == GemmKernel::kWgmmaBf16 &&
-      options_.dims.shared_intermediate == 0) {
-    err = Capture(BlockSizeIndex(kWgmmaBf16Bm), false);
+  if (err == cudaSuccess && options_.dims.shared_intermediate == 0) {
+    err = Capture(BlockSizeIndex(kWgmmaBm), false);
   }
   return err;
 }
@@ -443,14 +399,13 @@ cudaError_t LayerGraph::Capture(int bm_index, bool merge_tails) {
     // On one GPU role2 launches programmatically behind role1: its CTAs start, claim tasks and
     // wait on the ring flags while role1 still quantizes and copies (role1's CTAs are all
     // resident first, so no spin can block it), and its W1 tasks start block by block as role1
-    // fills them: 1.02-1.04x at T >= 8 (docs/PERFORMANCE.md). Not with peers: at P = 2 the same
-    // launch took T = 1 from 148 us to 3.0 ms, T = 64 from 1161 to 1947 (role1 pulling over
-    // NVLink beside 528 waiting role2 CTAs, as when the roles overlap on partitions).
+    // fills them. Not with peers: there role1 pulls over NVLink beside hundreds of waiting role2
+    // CTAs, which made steps up to 20x slower (docs/DESIGN-NOTES.md, multi-GPU).
     const bool early = options_.dims.world_size == 1;
     launch = LaunchDispatchRole1(params, role1_grid_, compute);
     if (launch == cudaSuccess)
-      launch = LaunchGroupedGemmRole2(options_.gemm, params, role2_shape_[bm_index], role2_grid(bm),
-                                      compute, early, merge_tails);
+      launch = LaunchGroupedGemmRole2(params, role2_shape_[bm_index], role2_grid(bm), compute,
+                                      early, merge_tails);
   } else {
     // Fork: the dispatch stream joins the capture with no dependency, so role1 and role2 are
     // both roots of the graph.
@@ -458,13 +413,13 @@ cudaError_t LayerGraph::Capture(int bm_index, bool merge_tails) {
     if (launch == cudaSuccess) launch = cudaStreamWaitEvent(dispatch, fork_, 0);
     if (launch == cudaSuccess) launch = LaunchDispatchRole1(params, role1_grid_, dispatch);
     if (launch == cudaSuccess)
-      launch = LaunchGroupedGemmRole2(options_.gemm, params, role2_shape_[bm_index], role2_grid(bm),
-                                      compute, false, merge_tails);
+      launch = LaunchGroupedGemmRole2(params, role2_shape_[bm_index], role2_grid(bm), compute,
+                                      false, merge_tails);
     if (launch == cudaSuccess) launch = cudaEventRecord(join_, dispatch);
     if (launch == cudaSuccess) launch = cudaStreamWaitEvent(compute, join_, 0);
   }
   // On one GPU role3 launches programmatically behind role2 too, so that its launch and its CTAs'
-  // start overlap role2's last tasks: 1.01-1.02x at T <= 8 (docs/PERFORMANCE.md, session 17).
+  // start overlap role2's last tasks (worth most at small T, where the tail is a larger share).
   if (launch == cudaSuccess)
     launch = LaunchFinalizeRole3(params, role3_grid_, compute,
                                  sequential_ && options_.dims.world_size == 1);
@@ -483,7 +438,7 @@ cudaError_t LayerGraph::Capture(int bm_index, bool merge_tails) {
 cudaError_t LayerGraph::Replay(int bm, bool merged_tails) {
   int index = BlockSizeIndex(bm);
   if (index < 0) return cudaErrorInvalidValue;
-  if (!merged_tails && bm == kWgmmaBf16Bm && execs_[kTaillessGraph] != nullptr) {
+  if (!merged_tails && bm == kWgmmaBm && execs_[kTaillessGraph] != nullptr) {
     index = kTaillessGraph;
   }
   return cudaGraphLaunch(execs_[index], pair_->compute_stream);
@@ -539,7 +494,7 @@ cudaError_t LayerGraph::ReadRole2Trace(const StepHeader& header, int bm,
                                        std::vector<TaskTrace>* trace) const {
   if (task_trace_ == nullptr) return cudaErrorInvalidValue;
   const int64_t tasks = Role2TaskCount(options_.dims, header.num_blocks, header.num_shared_blocks,
-                                       Role2TilesPerTask(options_.gemm, bm));
+                                       Role2TilesPerTask(bm));
   trace->resize(static_cast<size_t>(std::min<int64_t>(tasks, task_trace_cap_)));
   cudaError_t err = cudaStreamSynchronize(pair_->compute_stream);
   if (err != cudaSuccess) return err;

@@ -54,12 +54,11 @@ struct LayerGraphOptions {
   // ever spins on a kernel that has not run, which tools that serialize kernels need.
   bool sequential = false;
   uint64_t timeout_ns = 5'000'000'000ull;
-  // LayerParams::wait_sleep_ns (GCMOE_CUDA_WAIT_SLEEP_NS).
+  // LayerParams::wait_sleep_ns: the longest sleep between two polls of a spin wait.
   uint32_t wait_sleep_ns = kDefaultWaitSleepNs;
-  bool record_sm_ids = false;                 // role1/role2 CTAs log their SM (tests)
-  bool trace_role2 = false;                   // role2 records every task's timeline (TaskTrace)
-  GemmKernel gemm = GemmKernel::kStreamBf16;  // role2's kernel (layer_roles.h)
-  bool alltoall = false;                      // also allocate the all-to-all baseline's buffers
+  bool record_sm_ids = false;  // role1/role2 CTAs log their SM (tests, bench)
+  bool trace_role2 = false;    // role2 records every task's timeline (TaskTrace)
+  bool alltoall = false;       // also allocate the all-to-all baseline's buffers
 };
 
 class LayerGraph {
@@ -81,7 +80,6 @@ class LayerGraph {
   int role1_grid() const { return role1_grid_; }
   int role2_grid(int bm) const;
   int role3_grid() const { return role3_grid_; }
-  GemmKernel gemm_kernel() const { return options_.gemm; }
   const Role2Shape& role2_shape(int bm) const { return role2_shape_[BlockSizeIndex(bm)]; }
 
   // Device buffers the host fills before a replay (on stream()).
@@ -97,8 +95,8 @@ class LayerGraph {
 
   // One replay of the graph for block size bm (8, 16, 32 or 64) on stream(). merged_tails: the
   // step's blocks may carry merged tails (RingBlock::tail_rows > 0). A BM 64 step without them
-  // runs the bf16-wgmma kernel's instance without the merged tails' N = 80 path, which leaves
-  // its other loops more registers (0.5-2.7 % at steps without tails, docs/PERFORMANCE.md).
+  // runs the wgmma kernel's instance without the merged tails' N = 80 path, which leaves its
+  // other loops more registers.
   cudaError_t Replay(int bm, bool merged_tails = true);
 
   // The exchange region (cudaMalloc'd, so CUDA IPC can export it).
@@ -176,15 +174,12 @@ class LayerGraph {
   uint8_t* x_q_ = nullptr;
   uint8_t* x_s_ = nullptr;
   RowMeta* recv_ = nullptr;
-  uint16_t* x_bf_ = nullptr;    // the bf16 role2's shared-expert input (LayerParams::act_bf16)
+  uint16_t* x_bf_ = nullptr;    // this rank's tokens as BF16 rows (LayerParams::x_bf)
   TmaMap* act_maps_ = nullptr;  // device [kNumActMapSets] (LayerParams::act_maps)
   uint8_t* ring_ = nullptr;
-  uint8_t* ring_scales_ = nullptr;
   RowMeta* meta_ = nullptr;
   uint8_t* h_q_ = nullptr;
-  uint8_t* h_s_ = nullptr;
   uint8_t* hs_q_ = nullptr;
-  uint8_t* hs_s_ = nullptr;
   uint16_t* combine_ = nullptr;
   void* out_ = nullptr;
   Signals* sig_ = nullptr;
@@ -203,7 +198,7 @@ class LayerGraph {
   uint16_t* a2a_ret_recv_ = nullptr;
   uint16_t* a2a_staging_ = nullptr;  // [P, capacity, k + 1, H]
 
-  // One graph per block size, and one more: BM 64 without merged tails (the bf16-wgmma kernel,
+  // One graph per block size, and one more: BM 64 without merged tails (the wgmma kernel,
   // without the shared expert; CaptureAll).
   static constexpr int kTaillessGraph = kNumBlockSizes;
   static constexpr int kNumGraphs = kNumBlockSizes + 1;

@@ -69,15 +69,15 @@ struct RingBlock {
   int32_t local_slot;  // which held expert (index into the layer's tiled weights)
   int32_t row_begin;   // first row in the receive index
   int32_t rows;        // 1..BM valid rows
-  // Role2 of the bf16-wgmma kernel only (else 0): > 0 on a full block whose tasks also compute
-  // the next block, its expert's last, of tail_rows <= kWgmmaBf16MaxTailRows rows; -1 on that
+  // Role2 of the wgmma kernel (BM 64) only (else 0): > 0 on a full block whose tasks also compute
+  // the next block, its expert's last, of tail_rows <= kWgmmaMaxTailRows rows; -1 on that
   // tail block, whose own role2 tasks are skipped. Role1 and role3 treat both as plain blocks.
   int32_t tail_rows;
 };
 
 // role1 fills a ring block in `parts` pieces of its rows, one CTA each, when the step has fewer
 // blocks than role1 has CTAs: with one CTA per block, GLM-5.2 T = 256 (45 blocks on 132 CTAs)
-// took 66 us in role1 (H200, 2026-12-02). ring_full[slot] counts the pieces: generation g of a
+// took 66 us in role1. ring_full[slot] counts the pieces: generation g of a
 // slot (logical block g * R + slot) is complete once it reaches (g + 1) * parts. Every role that
 // fills or awaits a slot derives `parts` from the step's block count and role1's grid. (With
 // direct rows role1 adds all `parts` of a block at once: StepHeader::direct_rows.)
@@ -121,7 +121,7 @@ struct StepHeader {
   int32_t a2a_send_rows;      // NCCL all-to-all baseline: records this rank sends (all ranks)
   int32_t a2a_recv_rows;      // ... and receives (all ranks, itself included)
   // 1: role1 writes every assignment's BF16 row straight into its ring row
-  // (LayerParams::direct_rows) and fills no ring block by pieces (one rank, bf16 role2, no slot
+  // (LayerParams::direct_rows) and fills no ring block by pieces (one rank, no slot
   // reused within the step).
   int32_t direct_rows;
   // The step's layer: tiled weights (weight_tiles_sm90.h), all held experts back to back.
@@ -129,7 +129,7 @@ struct StepHeader {
   const uint8_t* w2;   // [local_experts][H/64 tiles]
   const uint8_t* ws1;  // shared W1, [I_s/32 tiles] (null without a shared expert)
   const uint8_t* ws2;  // shared W2, [H/64 tiles]
-  // The bf16 role2 only (else null): per held expert the power of two its W1 and W2 block
+  // role2: per held expert the power of two its W1 and W2 block
   // scales were divided by at load so that every scale multiplier stays in BF16's range,
   // [local_experts][W1, W2], then the shared expert's [W1, W2]. A task multiplies its FP32
   // results by 2^shift (exact).
@@ -259,7 +259,7 @@ struct TaskTrace {
 struct alignas(128) TmaMap {
   uint64_t opaque[16];
 };
-// The bf16 role2's BF16 activation matrices as TMA maps (LayerParams::act_maps).
+// role2's BF16 activation matrices as TMA maps (LayerParams::act_maps).
 enum ActMap : int32_t { kMapRing = 0, kMapH = 1, kMapXbf = 2, kMapHs = 3, kNumActMaps = 4 };
 
 struct LayerParams {
@@ -272,13 +272,12 @@ struct LayerParams {
   uint64_t timeout_ns = 0;        // every device wait gives up (and traps) after this long
   int32_t role1_grid = 0;         // role1's CTAs (role2's SM log entries follow role1's)
   int32_t role2_grid = 0;         // role2's CTAs (role3 checks the task claims against it)
-  int32_t r2_stages = 0;          // shared-memory stages of the streaming role2 (0: stepping stone)
-  int32_t r2_tiles_per_task = 1;  // Role2TilesPerTask of the graph's kernel and BM
-  // Nonzero with the bf16 role2: ring, h_q and hs_q hold BF16 rows (2 bytes per value, each
-  // 32-value block in the K order this value names, kBf16MmaOrder or kBf16WgmmaOrder:
-  // bf16_operands.h, Bf16ActOrder), and so does x_bf (role1's pull copies this rank's own
-  // tokens' rows from it; the shared expert reads it); the scale arrays of ring, h_q and hs_q
-  // stay unused. x_q / x_s (what peers read) stay E4M3.
+  int32_t r2_stages = 0;          // shared-memory stages of role2's pipeline
+  int32_t r2_tiles_per_task = 1;  // Role2TilesPerTask of the graph's BM
+  // ring, h_q and hs_q hold BF16 rows (2 bytes per value, each 32-value block in the K order
+  // this value names, kBf16MmaOrder or kBf16WgmmaOrder: bf16_operands.h, Bf16ActOrder), and so
+  // does x_bf (role1's pull copies this rank's own tokens' rows from it; the shared expert reads
+  // it). x_q / x_s (what peers read) stay E4M3.
   int32_t act_bf16 = 0;
   // The spin waits' longest sleep between two polls (wait_backoff.h).
   uint32_t wait_sleep_ns = kDefaultWaitSleepNs;
@@ -296,15 +295,12 @@ struct LayerParams {
   // This rank's buffers (peers reach theirs through `peers`).
   uint8_t* x_q;          // [capacity + 64, H]
   uint8_t* x_s;          // [capacity + 64, H/32]
-  uint16_t* x_bf;        // with act_bf16: [capacity + 64, H] BF16, this rank's tokens
+  uint16_t* x_bf;        // [capacity + 64, H] BF16, this rank's tokens
   RowMeta* recv;         // [max_recv_rows]
-  uint8_t* ring;         // [R * BM, H]
-  uint8_t* ring_scales;  // [R * BM, H/32]
+  uint8_t* ring;         // [R * BM, H] BF16
   RowMeta* meta;         // [max_blocks * BM]
-  uint8_t* h_q;          // [max_blocks * BM, I]     W1 output, E4M3
-  uint8_t* h_s;          // [max_blocks * BM, I/32]
-  uint8_t* hs_q;         // [capacity + 64, I_s]     shared W1 output
-  uint8_t* hs_s;         // [capacity + 64, I_s/32]
+  uint8_t* h_q;          // [max_blocks * BM, I] BF16    W1 output (E4M3 values, exact in BF16)
+  uint8_t* hs_q;         // [capacity + 64, I_s] BF16    shared W1 output
   uint16_t* combine;     // [capacity, k+1, H] BF16
   void* out;             // [capacity, H] BF16 or FP32
   Signals* sig;
@@ -322,12 +318,11 @@ struct LayerParams {
   uint8_t* a2a_recv;       // [world * capacity * k] records, grouped by source rank
   uint16_t* a2a_ret_send;  // [world * capacity * k, H] partials of the received records
   uint16_t* a2a_ret_recv;  // [capacity * k, H] partials of the sent records, in send order
-  // The bf16 role2 kernels: device [kNumActMapSets], ring, h_q, x_bf and hs_q as TMA maps
-  // (tma_map.h): per matrix with K32 boxes of 8, 16, .. 64 rows (the mma.sync kernels,
-  // K32ActMap), then per matrix with K64 boxes of 16, 32, 48 and 64 rows (the bf16-wgmma kernel,
-  // WideActMap; zero unless it runs). Written by the host before any launch.
-  // In device memory, not here: 1 KiB more of parameters cost every launch (BM 8 steps 1-4 %
-  // slower, measured, H200, 2026-12-02).
+  // role2: device [kNumActMapSets], ring, h_q, x_bf and hs_q as TMA maps (tma_map.h): per matrix
+  // with K32 boxes of 8, 16, .. 64 rows (the mma.sync kernel, K32ActMap), then per matrix with
+  // K64 boxes of 16, 32, 48 and 64 rows (the wgmma kernel, WideActMap). Written by the host
+  // before any launch. In device memory, not here: 1 KiB more of parameters cost every launch
+  // (BM 8 steps 1-4 % slower).
   const TmaMap* act_maps;
 };
 

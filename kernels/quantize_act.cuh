@@ -2,7 +2,7 @@
 // FP16, to E4M3 with one UE8M0 scale per 32 values, bit for bit numerics::QuantizeE4M3K32.
 // An FP8 request row (codes + scales) is copied as it is. Run by role1, one thread per 32-value
 // block (QuantizeBlock), and by the all-to-all baseline, one warp per row (QuantizeRowWarp).
-// For the bf16 role2 the same values also as its BF16 rows (bf16_operands.h).
+// For role2 the same values also as its BF16 rows (bf16_operands.h).
 #pragma once
 
 #include <cstdint>
@@ -42,14 +42,14 @@ __device__ __forceinline__ void LoadE4m3Block(const uint8_t* codes, const uint8_
   *scale_word = fresh ? LdCv32(word) : LdCg32(word);
 }
 
-// A block LoadE4m3Block loaded, stored as the bf16 role2's BF16 values of block b of `dst_row`.
+// A block LoadE4m3Block loaded, stored as role2's BF16 values of block b of `dst_row`.
 __device__ __forceinline__ void StoreE4m3BlockAsBf16(uint4 lo, uint4 hi, uint32_t scale_word, int b,
                                                      int order, uint16_t* dst_row) {
   const uint32_t block[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
   StoreBf16Block(block, (scale_word >> (8 * (b % 4))) & 0xFFu, order, dst_row + b * 32);
 }
 
-// Block b (32 values) of an E4M3 row (codes, scales) as the bf16 role2's BF16 values, one thread.
+// Block b (32 values) of an E4M3 row (codes, scales) as role2's BF16 values, one thread.
 __device__ __forceinline__ void E4m3BlockToBf16Row(const uint8_t* codes, const uint8_t* scales,
                                                    int b, bool fresh, int order, uint16_t* dst) {
   uint4 lo, hi;
@@ -58,7 +58,7 @@ __device__ __forceinline__ void E4m3BlockToBf16Row(const uint8_t* codes, const u
   StoreE4m3BlockAsBf16(lo, hi, scale_word, b, order, dst);
 }
 
-// The bf16 role2's BF16 row of an E4M3 row: lane per 32-value block.
+// role2's BF16 row of an E4M3 row: lane per 32-value block.
 __device__ __forceinline__ void WarpRowToBf16(const uint8_t* codes, const uint8_t* scales,
                                               int hidden_size, int lane, bool fresh, int order,
                                               uint16_t* dst) {

@@ -64,7 +64,7 @@ std::string SummarizeRole2Trace(std::span<const TaskTrace> trace) {
       "role2 trace: %zu tasks on %zu CTAs and %zu SMs, %.1f us from the first claim "
       "to the last task done",
       tasks.size(), ctas.size(), per_sm.size(), Us(t0, end));
-  // The bf16-wgmma kernel drops the tasks of merged tail blocks (RingBlock::tail_rows) unrun.
+  // The wgmma kernel (BM 64) drops the tasks of merged tail blocks (RingBlock::tail_rows) unrun.
   if (missing > 0)
     out += Line("  %zu tasks not recorded (or merged tails' tasks, dropped)", missing);
 

@@ -145,7 +145,7 @@ __device__ __forceinline__ uint64_t SmemDescNoSwizzle(uint32_t addr, uint32_t lb
 // As two words: the address word (address >> 4, leading byte offset 1) and a constant upper word
 // (stride 1024 bytes, the swizzle mode). A K step adds its offset / 16 to the address word alone
 // (shared addresses are below 2^18: no carry out of the field), which spares the 64-bit add and
-// its carry per wgmma (1.01-1.02x at BM 64, H200, 2026-12-02).
+// its carry per wgmma (1-2 % at BM 64).
 inline constexpr uint32_t kSmemDescSwizzle128Hi = (1024 >> 4) | (1u << (62 - 32));
 __device__ __forceinline__ uint32_t SmemDescSwizzle128Lo(uint32_t addr) {
   return ((addr & 0x3FFFF) >> 4) | (1u << 16);
@@ -238,7 +238,7 @@ struct WgmmaE4m3<64> {
 
 // D (m64 x N, FP32, accumulated: scale-d = 1) += A (m64 x k16 BF16 in registers, the per-warp
 // m16n8k16 A layout) x B (k16 x N BF16, K-major in shared memory by descriptor). One
-// specialization per N the bf16-wgmma role2 runs (its MMA widths: every multiple of 8 up to 80),
+// specialization per N the BM 64 role2 runs (its MMA widths: every multiple of 8 up to 80),
 // each written out by GCMOE_WGMMA_BF16_RS from its accumulator operands' list: PTX names them
 // %0.. in the instruction text, so each N has its own text.
 template <int N>

@@ -1,11 +1,10 @@
-// The warp-specialized role2's producer warp (grouped_gemm_wgmma_fp8_fp4_sm90.cu): it claims a
-// task, waits for what the task reads (ring block full, W1 tiles done; the weights depend on
-// nothing), publishes the task's descriptor, then streams the task's K128 steps into the ring of
-// shared-memory stages (stream_pipeline_sm90.cuh): per stage the tiles' chunks as bulk copies,
-// evict-first in L2, and the block's activations by TMA boxes (tma_map.h: one per K32 block or K
-// half, the bf16 kernels) or cp.async. One warp issues every copy, so each instruction of its
-// per-stage loop counts: its latency is not hidden by a 2-stage ring (docs/PERFORMANCE.md,
-// session 15).
+// role2's producer warp (grouped_gemm_sm90.cu): it claims a task, waits for what the task reads
+// (ring block full, W1 tiles done; the weights depend on nothing), publishes the task's
+// descriptor, then streams the task's K128 steps into the ring of shared-memory stages
+// (stream_pipeline_sm90.cuh): per stage the tiles' chunks as bulk copies, evict-first in L2, and
+// the block's BF16 activation rows by TMA boxes (tma_map.h: one per K32 block or K half) or, at
+// BM 8, cp.async. One warp issues every copy, so each instruction of its per-stage loop counts:
+// its latency is not hidden by a 2-stage ring.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +13,6 @@
 #include "kernels/device_common.cuh"
 #include "kernels/layer_roles.h"
 #include "kernels/layer_types.h"
-#include "kernels/role2_probe.h"
 #include "kernels/role2_tasks_sm90.cuh"
 #include "kernels/sm90_async.cuh"
 #include "kernels/stream_pipeline_sm90.cuh"
@@ -52,20 +50,17 @@ __device__ __forceinline__ bool WaitFlagInline(const WaitEnv& env, const uint32_
 // swizzled K halves [K half][token][128 bytes] (bf16_wgmma_sm90.cuh); kShared: its instance for
 // layers with the shared expert (WideTokenRows); kMerge: its instance that runs merged tails
 // (RingBlock::tail_rows; without kMerge the marking is ignored and every block runs alone).
-template <int BM, GemmKernel kKernel, bool kWide = false, bool kShared = false, bool kMerge = false>
+template <int BM, bool kWide = false, bool kShared = false, bool kMerge = false>
 __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
                          Barriers& bars) {
-  constexpr bool kBf16 = kKernel == GemmKernel::kStreamBf16;
-  constexpr int kActBytes = kBf16 ? 2 : 1;  // LayerParams::act_bf16
-  // The bf16 kernels' B (BF16 token rows) comes by TMA from BM 16 on, counted in the stage's
-  // expect_tx: the mma.sync consumers read it with generic loads once the stage is full, and the
-  // bf16-wgmma kernel's wgmma through the async proxy that wrote it, so neither needs a proxy
-  // fence. Elsewhere B comes by cp.async: at BM 8 each lane's arrival completes when its copies
-  // land; the FP8 kernels release their stages behind a proxy fence (`release` below).
-  // At BM 8 (1-8 rows) a box's latency cost more than the cp.async it saves: 0.92-0.97x at 1-4
-  // tokens per rank, against 1.01-1.03x at BM 16-32 (measured, H200, 2026-12-02).
-  constexpr bool kTmaB = kBf16 && (kWide || BM >= 16);
-  constexpr int kTiles = Role2TilesPerTask(kKernel, BM);
+  constexpr int kActBytes = 2;  // BF16 rows (LayerParams::act_bf16)
+  // B (BF16 token rows) comes by TMA from BM 16 on, counted in the stage's expect_tx: the
+  // mma.sync consumers read it with generic loads once the stage is full, and the wgmma kernel's
+  // wgmma through the async proxy that wrote it, so neither needs a proxy fence. At BM 8 B comes
+  // by cp.async and each lane's arrival completes when its copies land: at 1-8 rows a box's
+  // latency costs more than the cp.async it saves.
+  constexpr bool kTmaB = kWide || BM >= 16;
+  constexpr int kTiles = Role2TilesPerTask(BM);
   const int lane = threadIdx.x & 31;
   const StepHeader& hdr = *p.header;
   const WaitEnv env = MakeWaitEnv(p, 2);
@@ -91,32 +86,12 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
   const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
 
   RingCursor fill;  // the next stage to fill
-  // The `pending` stages before `fill`, from `release` on, have their bulk copies issued but
-  // this lane's cp.async not yet released: cp.async writes shared memory through the generic
-  // proxy and wgmma reads it through the async proxy, so the writing thread waits for its
-  // copies, executes fence.proxy.async, and only then arrives on the stage's full barrier.
-  // The bf16 kernel has none pending: its consumers read B with generic loads.
-  RingCursor release;
-  int pending = 0;
-  auto release_oldest = [&]() {
-    MbarArrive(SmemAddr(&bars.full[release.stage]));
-    release.Advance(stages);
-    --pending;
-  };
-  // Before anything that may block on the consumers or on other CTAs.
-  auto release_all = [&]() {
-    if (pending == 0) return;
-    asm volatile("cp.async.wait_all;" ::: "memory");
-    FenceProxyAsyncShared();
-    while (pending != 0) release_oldest();
-  };
   // Waits for `flag` to reach `target` (all lanes; false if the step was aborted), then every
   // lane's own acquire: the cp.async reads it issues follow it, and the consumers see the same
   // writes through the descriptor barrier (release/acquire, CTA scope).
   auto await_flag = [&](const uint32_t* flag, uint32_t target, int what, int index) {
     int ok = lane == 0 && LdAcquireGpu(flag) >= target ? 1 : 0;
     if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) {
-      release_all();  // the awaited W1 tiles may be this CTA's own
       if (lane == 0) ok = WaitFlagInline(env, flag, target, what, index) ? 1 : 0;
     }
     ok = __shfl_sync(0xFFFFFFFFu, ok, 0);
@@ -141,10 +116,9 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
       task = __shfl_sync(0xFFFFFFFFu, task, 0);
     } while (task < tasks.total && merged_tail(task));
     const uint64_t claim_ns = p.task_trace != nullptr ? GlobalTimerNs() : 0;
-    TaskDesc d{-1, 0, 0, 0, 0, 0, 0, 0, 0};
+    TaskDesc d{-1, 0, 0, 0, 0, 0, 0, 0};
     const uint8_t* tile_ptr = nullptr;
     const uint8_t* act = nullptr;
-    const uint8_t* act_scales = nullptr;
     int chunk_bytes = 0;
     int64_t tile_bytes = 0;
     // kTmaB: the activations' matrix and map, and the block's first row. kWide: the map's boxes
@@ -194,9 +168,8 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         switch (kind) {
           case kSharedW1:
             tile_ptr = hdr.ws1 + tile * TileBytes(TileFormat::kE4M3, H);
-            act = (kBf16 ? reinterpret_cast<const uint8_t*>(p.x_bf) : p.x_q) +
+            act = reinterpret_cast<const uint8_t*>(p.x_bf) +
                   static_cast<int64_t>(block) * BM * H * kActBytes;
-            act_scales = p.x_s + static_cast<int64_t>(block) * BM * (H / 32);
             d.k = H, d.rows = shared_rows;
             act_matrix = kMapXbf, act_row = block * BM;
             break;
@@ -204,14 +177,12 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
             tile_ptr = hdr.w1 + (static_cast<int64_t>(blk.local_slot) * n1 + tile) *
                                     TileBytes(TileFormat::kE2M1, H);
             act = p.ring + static_cast<int64_t>(slot) * BM * H * kActBytes;
-            act_scales = p.ring_scales + static_cast<int64_t>(slot) * BM * (H / 32);
             d.k = H, d.rows = blk.rows + tail_rows;
             act_matrix = kMapRing, act_row = slot * BM, tail_row = tail_slot * BM;
             break;
           case kSharedW2:
             tile_ptr = hdr.ws2 + tile * TileBytes(TileFormat::kE4M3, Is);
             act = p.hs_q + static_cast<int64_t>(block) * BM * Is * kActBytes;
-            act_scales = p.hs_s + static_cast<int64_t>(block) * BM * (Is / 32);
             d.k = Is, d.rows = shared_rows;
             act_matrix = kMapHs, act_row = block * BM;
             break;
@@ -219,7 +190,6 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
             tile_ptr = hdr.w2 + (static_cast<int64_t>(blk.local_slot) * n2 + tile) *
                                     TileBytes(TileFormat::kE2M1, I);
             act = p.h_q + static_cast<int64_t>(block) * BM * I * kActBytes;
-            act_scales = p.h_s + static_cast<int64_t>(block) * BM * (I / 32);
             d.k = I, d.rows = blk.rows + tail_rows;
             act_matrix = kMapH, act_row = block * BM, tail_row = act_row + BM;
             break;
@@ -244,7 +214,6 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
           t.cta = blockIdx.x, t.sm = SmId(), t.kind = kind, t.recorded = 1;
           t.claim_ns = claim_ns, t.ready_ns = GlobalTimerNs();
         }
-        d.scale_mod = static_cast<int32_t>(reinterpret_cast<uintptr_t>(act_scales) & 15);
         const TileFormat format =
             kind == kRoutedW1 || kind == kRoutedW2 ? TileFormat::kE2M1 : TileFormat::kE4M3;
         chunk_bytes = ChunkBytes(format);
@@ -255,7 +224,6 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
     const uint32_t desc_empty = SmemAddr(&bars.desc_empty[ds]);
     const uint32_t desc_parity = ((desc_iter / kDescSlots) & 1) ^ 1;
     if (!__shfl_sync(0xFFFFFFFFu, MbarTryWait(desc_empty, desc_parity) ? 1 : 0, 0)) {
-      release_all();  // the consumers may need those stages to finish the task before
       MbarWait(desc_empty, desc_parity, mbar_timeout, env, 2 * kMaxStages + kDescSlots + ds);
     }
     if (lane == 0) {
@@ -270,18 +238,13 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
     }
 
     const int chunks = d.k / kChunkK;
-    const int scale_row = d.k / 32;
-    // The bf16 kernels' B boxes: K32 blocks of 8 rows, the groups covering the valid rows. Each
-    // stage expects the weights' bytes plus B's where B comes by TMA.
+    // B's boxes: K32 blocks of 8 rows, the groups covering the valid rows. Each stage expects the
+    // weights' bytes plus B's where B comes by TMA.
     const int row_groups = (d.rows + kTmaRowGroup - 1) / kTmaRowGroup;
     const int wide_groups = (d.rows + kTmaWideRows - 1) / kTmaWideRows;  // kWide: 16-row boxes
-    // Probe builds (role2_probe.h) may leave the weights, or one or both K halves of the token
-    // rows, out of the wide kernel's stages.
-    constexpr bool kLoadWeights = !kWide || !kRole2Probe.no_weights;
-    constexpr int kTokenHalves = kRole2Probe.no_tokens ? 0 : kRole2Probe.half_tokens ? 1 : 2;
-    uint32_t stage_tx = kLoadWeights ? static_cast<uint32_t>(kTiles * 4 * chunk_bytes) : 0u;
+    uint32_t stage_tx = static_cast<uint32_t>(kTiles * 4 * chunk_bytes);
     if constexpr (kWide) {
-      stage_tx += static_cast<uint32_t>(kTokenHalves * wide_groups * kTmaWideRows * 128);
+      stage_tx += static_cast<uint32_t>(2 * wide_groups * kTmaWideRows * 128);
     } else if constexpr (kTmaB) {
       stage_tx += static_cast<uint32_t>(4 * row_groups * kTmaRowGroup * 32 * 2);
     }
@@ -295,9 +258,9 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
       // tile: one contiguous burst per tile). A copy that lands before the arrival only takes the
       // barrier's transaction count below zero for a moment; the phase cannot complete before
       // the arrival. (One lane issuing every copy in turn put them on the producer warp's
-      // critical path: docs/PERFORMANCE.md, session 15.)
+      // critical path.)
       if (lane == 0) MbarArriveExpectTx(full, stage_tx);
-      if (kLoadWeights && lane < kTiles) {
+      if (lane < kTiles) {
         BulkCopyG2S(st + a_offset + lane * a_tile_region,
                     tile_ptr + lane * tile_bytes + static_cast<int64_t>(c) * 4 * chunk_bytes,
                     static_cast<uint32_t>(4 * chunk_bytes), full, policy);
@@ -309,13 +272,13 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         // kTiles + h's, and one of a merged tail's rows after BM, lane kTiles + 2 + h's. (A box
         // per group cost the producer warp up to 10 copies a stage.)
         const int box = lane - kTiles;  // 0, 1: K halves of the block; 2, 3: of its merged tail
-        if (box >= 0 && box < (d.rows > BM ? 4 : 2) && (box & 1) < kTokenHalves) {
+        if (box >= 0 && box < (d.rows > BM ? 4 : 2)) {
           const int h = box & 1;
           const bool tail = box >= 2;
           TmaLoad2D(b_st + h * token_half_bytes + (tail ? BM * 128 : 0), tail ? tail_map : act_map,
                     c * kChunkK + h * 64, tail ? tail_row : act_row, full);
         }
-      } else if constexpr (kBf16) {
+      } else {
         // B [kb][row n][t][16 bytes], BF16 rows already in block column order
         // (bf16_operands.h): unit u = 4 kb + t of a row's chunk is lane t's 8 values of block kb.
         // Only the valid rows (or their 8-row groups): the MMA's other token columns are never
@@ -333,22 +296,6 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
           // height is theirs).
           TmaLoad2D(b_st + lane * BM * 64, act_map, c * kChunkK + lane * 32, act_row, full);
         }
-      } else {
-        // B [unit u][row n][16 bytes]: consecutive lanes read one row's 128 contiguous bytes.
-        for (int i = lane; i < d.n * 8; i += 32) {
-          const int n = i >> 3;
-          const int u = i & 7;
-          CpAsyncCg16(b_st + u * (BM * 16) + n * 16,
-                      act + static_cast<int64_t>(n) * d.k + c * kChunkK + u * 16);
-        }
-        // Each row's 4 scale bytes of this chunk lie in one aligned 16-byte window.
-        const uint32_t s_st = b_st + BM * kChunkK;
-        for (int n = lane; n < d.n; n += 32) {
-          const uintptr_t a = reinterpret_cast<uintptr_t>(act_scales) +
-                              static_cast<uintptr_t>(n) * scale_row + c * 4;
-          CpAsyncCg16(s_st + n * 16,
-                      reinterpret_cast<const void*>(a & ~static_cast<uintptr_t>(15)));
-        }
       }
       fill.Advance(stages);
       if constexpr (kWide) {
@@ -357,21 +304,13 @@ __device__ void Producer(const LayerParams& p, uint8_t* stage_base, int stages, 
         // Every lane, after its box if it has one (kFullArrivals): the stage is full once the
         // bytes landed.
         MbarArrive(full);
-      } else if constexpr (kBf16) {
+      } else {
         // No proxy fence is due (mma.sync reads B with generic loads): each lane's arrival
         // completes when its copies land, without the producer coming back to the stage.
         CpAsyncMbarArrive(full);
-      } else {
-        asm volatile("cp.async.commit_group;" ::: "memory");
-        if (++pending > kLagStages) {
-          asm volatile("cp.async.wait_group %0;" ::"n"(kLagStages) : "memory");
-          FenceProxyAsyncShared();
-          release_oldest();
-        }
       }
     }
   }
-  release_all();
 }
 
 }  // namespace gcmoe::kernels::stream_role2

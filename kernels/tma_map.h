@@ -1,11 +1,11 @@
-// TMA tensor maps of the BF16 activation matrices the bf16 role2 kernels read (ring, h_q, x_bf,
+// TMA tensor maps of the BF16 activation matrices role2 reads (ring, h_q, x_bf,
 // hs_q): each map cuts a row-major [rows, cols] BF16 matrix into boxes that one
 // cp.async.bulk.tensor copies into a stage. Two shapes:
 //   - K32 boxes: 32 values (64 bytes) by a multiple of kTmaRowGroup rows, unswizzled: one K32
 //     block of a block's valid 8-row groups in the mma.sync kernels' B layout
 //     (stream_pipeline_sm90.cuh).
 //   - K64 boxes: 64 values (128 bytes) by a multiple of kTmaWideRows rows (up to
-//     kTmaWideHeights of them) with the 128-byte swizzle: one K half of a bf16-wgmma token block's
+//     kTmaWideHeights of them) with the 128-byte swizzle: one K half of a BM 64 token block's
 //     valid rows (16, 32, 48 or 64) in one copy, in the K-major layout wgmma reads.
 #pragma once
 
@@ -18,12 +18,12 @@
 namespace gcmoe::kernels {
 
 inline constexpr int kTmaRowGroup = 8;
-inline constexpr int kTmaWideRows = 16;  // the bf16-wgmma kernel's MMA widths are multiples
+inline constexpr int kTmaWideRows = 16;  // the wgmma kernel (BM 64)'s MMA widths are multiples
 // Box heights per matrix, in row groups: K32 boxes of 8..64 rows (a K32 block of a whole block
 // of up to BM 64 rows), K64 boxes of 16..64 rows (a block of BM 64; a merged tail's rows come as
 // one more 16-row box). One copy per K32 block or K half instead of one per row group: the
-// producer warp issues each copy, and its issue latency is not hidden by a 2-stage ring (1.03-1.06x
-// at GLM-5.2 and DeepSeek-V4.1-Flash T = 64..256, H200, 2026-12-02; docs/PERFORMANCE.md).
+// producer warp issues each copy, and its issue latency is not hidden by a 2-stage ring (3-6 % at
+// 64-256 tokens per rank).
 inline constexpr int kTmaK32Heights = 8;
 inline constexpr int kTmaWideHeights = 4;
 // LayerParams::act_maps: per matrix its K32 maps of 1..kTmaK32Heights row groups, then per

@@ -1,5 +1,5 @@
 // The routed and shared expert weights, re-laid out once at load for the sm90 grouped GEMM
-// (grouped_gemm_fp8_fp4_sm90.cu). Host code only: it rearranges already-quantized codes and
+// (grouped_gemm_sm90.cu). Host code only: it rearranges already-quantized codes and
 // scales and never changes a value.
 //
 // A tile is 64 weight rows by the whole contraction K: four stripes of 16 rows (one m16 slice
@@ -32,7 +32,7 @@ namespace gcmoe::kernels {
 
 enum class TileFormat {
   kE2M1,      // FP4, lane words placed for the E4M3 decode (the mma.sync and FP8 wgmma role2)
-  kE2M1Bf16,  // FP4, lane words placed for the BF16 decode (the bf16 role2): same bytes per chunk
+  kE2M1Bf16,  // FP4, lane words placed for the BF16 decode: same bytes per chunk
   kE4M3,      // FP8 (the shared expert), one byte per code
 };
 GCMOE_HOST_DEVICE constexpr bool IsFp4(TileFormat format) { return format != TileFormat::kE4M3; }

@@ -45,6 +45,12 @@ engine::EngineOptions EngineOptionsFromConfig(const config::Config& config, int 
   b.device = DeviceOfRank(config, rank);
   b.dispatch_sms = config.engine.dispatch_sms;
   b.exchange = config.engine.exchange;
+  const config::CudaEngineConfig& cuda = config.engine.cuda;
+  b.cuda.ring_blocks = cuda.ring_blocks;
+  b.cuda.role1_grid = cuda.role1_grid;
+  b.cuda.overlap_roles = cuda.overlap_roles;
+  b.cuda.wait_timeout_ms = cuda.wait_timeout_ms;
+  b.cuda.wait_sleep_cap_ns = cuda.wait_sleep_cap_ns;
   return options;
 }
 

@@ -38,7 +38,6 @@ int RunRankCommand(int argc, char** argv) {
   flags.Bool("exit-with-coordinator", &exit_with_coordinator,
              "exit when the coordinator goes away (how `gcmoe serve` runs its ranks)");
   if (int rc = flags.ParseOrExit(argc, argv); rc >= 0) return rc;
-  if (RefuseProbeBuild("rank")) return 1;
   if (exit_with_coordinator) prctl(PR_SET_PDEATHSIG, SIGTERM);
 
   auto config = LoadConfigOrReport("rank", config_path, overrides);

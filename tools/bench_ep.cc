@@ -57,6 +57,7 @@ namespace {
 
 struct Options {
   std::string config_path;
+  std::vector<std::string> overrides;  // --set key=value
   int ranks = 2;
   std::string tokens_text = "1,2,4,8,16,32,64,128,256";
   std::string exchanges = "gcmoe,nccl";
@@ -217,7 +218,7 @@ int RunRank(const Options& o) {
                  s.ToString().c_str());
     return 1;
   };
-  auto config = config::LoadConfigFile(o.config_path);
+  auto config = config::LoadConfigFile(o.config_path, o.overrides);
   if (!config.ok()) return fail("loading the config", config.status());
   auto tokens = ParseTokenList(o.tokens_text);
   if (!tokens.ok()) return fail("--tokens-per-rank", tokens.status());
@@ -322,6 +323,7 @@ int RunRank(const Options& o) {
       options.device = server::DeviceOfRank(*config, me);
       options.dispatch_sms = o.dispatch_sms >= 0 ? o.dispatch_sms : config->engine.dispatch_sms;
       options.exchange = exchange;
+      options.cuda = server::EngineOptionsFromConfig(*config, me, "bench-ep").backend.cuda;
       options.instance = "bench-ep";
       auto created = engine::CudaBackend::Create(options);
       if (!created.ok()) return fail(name + ": creating the CUDA backend", created.status());
@@ -468,6 +470,7 @@ int RunBenchEp(int argc, char** argv) {
               "GC-MoE exchange against the NCCL all-to-all baseline, balancer off and on, on "
               "skewed routing.");
   flags.String("config", &o.config_path, "config file (model = the whole layer)");
+  flags.Repeated("set", &o.overrides, "override a config key, key.path=value (repeatable)");
   flags.Int("ranks", &o.ranks, "GPUs, one rank process each (1..8)");
   flags.String("tokens-per-rank", &o.tokens_text, "token counts per rank, comma-separated");
   flags.String("exchange", &o.exchanges, "exchanges to measure: gcmoe, nccl or gcmoe,nccl");

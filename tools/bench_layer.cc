@@ -73,12 +73,50 @@ Status Settle(engine::CudaBackend& gpu, int ms, const GpuPowerMeter* meter, Powe
   return Status::Ok();
 }
 
+// Device-to-device copy bandwidth of `device` in bytes per second (bytes read + written) over a
+// buffer of `bytes`, median of `reps` copies after one untimed copy: the floor's denominator,
+// measured in the same run as the layer.
+Result<double> MeasureCopyBandwidth(int device, size_t bytes, int reps) {
+  cudaError_t err = cudaSetDevice(device);
+  void* a = nullptr;
+  void* b = nullptr;
+  cudaStream_t s = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (err == cudaSuccess) err = cudaMalloc(&a, bytes);
+  if (err == cudaSuccess) err = cudaMalloc(&b, bytes);
+  if (err == cudaSuccess) err = cudaMemsetAsync(a, 1, bytes, s);
+  if (err == cudaSuccess) err = cudaEventCreate(&start);
+  if (err == cudaSuccess) err = cudaEventCreate(&stop);
+  std::vector<float> ms;
+  for (int i = 0; i < reps + 1 && err == cudaSuccess; ++i) {
+    err = cudaEventRecord(start, s);
+    if (err == cudaSuccess) err = cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s);
+    if (err == cudaSuccess) err = cudaEventRecord(stop, s);
+    if (err == cudaSuccess) err = cudaEventSynchronize(stop);
+    float t = 0.0f;
+    if (err == cudaSuccess) err = cudaEventElapsedTime(&t, start, stop);
+    if (i > 0) ms.push_back(t);
+  }
+  if (start != nullptr) cudaEventDestroy(start);
+  if (stop != nullptr) cudaEventDestroy(stop);
+  if (a != nullptr) cudaFree(a);
+  if (b != nullptr) cudaFree(b);
+  if (s != nullptr) cudaStreamDestroy(s);
+  if (err != cudaSuccess) {
+    return Internal(std::string("measuring the copy bandwidth: ") + cudaGetErrorString(err));
+  }
+  std::sort(ms.begin(), ms.end());
+  return 2.0 * static_cast<double>(bytes) / (ms[ms.size() / 2] * 1e-3);
+}
+
 #endif  // GCMOE_HAVE_CUDA
 
 }  // namespace
 
 int RunBenchLayer(int argc, char** argv) {
   std::string config_path;
+  std::vector<std::string> overrides;
   std::string tokens_text = "1,2,4,8,16,32,64,128,256";
   std::string weights_mode = "random";
   std::string json_path;
@@ -88,8 +126,10 @@ int RunBenchLayer(int argc, char** argv) {
   int replays = 200;
   int settle_ms = 0;
   int seed = 1;
-  std::string gemm;
   int dispatch_sms = -1;
+  bool no_merge_tails = false;
+  bool no_heaviest_first = false;
+  bool no_direct_rows = false;
   int force_bm = 0;
   int repeat = 0;
   int nondeterministic = 0;
@@ -97,6 +137,7 @@ int RunBenchLayer(int argc, char** argv) {
               "Times one rank's MoE layer on the GPU (CUDA graph replays) against its memory "
               "floor.");
   flags.String("config", &config_path, "config file (model = the rank-local slice)");
+  flags.Repeated("set", &overrides, "override a config key, key.path=value (repeatable)");
   flags.String("tokens-per-rank", &tokens_text, "token counts to measure, comma-separated");
   flags.String("weights", &weights_mode,
                "random (random codes, fast) or config (the config's model.weights)");
@@ -113,15 +154,18 @@ int RunBenchLayer(int argc, char** argv) {
   flags.String("json", &json_path, "also write the results as JSON (for bench/torch_peer.py)");
   flags.String("times", &times_path,
                "also write every timed replay as CSV (tokens,replay,us), in replay order");
-  flags.String("gemm", &gemm,
-               "role2 kernel: bf16-wgmma (default: exact BF16 operands, mma.sync BF16 below BM "
-               "64, register-A BF16 wgmma at BM 64), bf16 (mma.sync at every BM), stream (the "
-               "same pipeline, E4M3 mma.sync for W1, FP8 wgmma for W2), wgmma (register-A FP8 "
-               "wgmma) or mma (stepping stone); sets GCMOE_CUDA_GEMM");
   flags.Int("dispatch-sms", &dispatch_sms,
             "SMs requested for the dispatch partition (-1 = the config's; 0 = one context, "
             "dispatch then GEMM: overlap off)");
   flags.Int("bm", &force_bm, "pin the GEMM block size (8, 16, 32, 64; 0 = the heuristic)");
+  flags.Bool("no-merge-tails", &no_merge_tails,
+             "ablation: at BM 64 run an expert's short last block on its own, not with the "
+             "block before it");
+  flags.Bool("no-heaviest-first", &no_heaviest_first,
+             "ablation: lay role2's blocks out in expert id order, not heaviest expert first");
+  flags.Bool("no-direct-rows", &no_direct_rows,
+             "ablation: role1 pulls ring blocks after its barrier instead of writing each "
+             "token's ring rows as it quantizes");
   flags.Int("repeat", &repeat, "run every step this many more times and check the bits repeat");
   if (const int rc = flags.ParseOrExit(argc, argv, 1); rc >= 0) return rc;
   if (config_path.empty()) {
@@ -133,7 +177,7 @@ int RunBenchLayer(int argc, char** argv) {
     std::fprintf(stderr, "gcmoe bench layer: %s\n", tokens.status().message().c_str());
     return 2;
   }
-  auto config = config::LoadConfigFile(config_path);
+  auto config = config::LoadConfigFile(config_path, overrides);
   if (!config.ok()) {
     std::fprintf(stderr, "gcmoe bench layer: %s\n", config.status().ToString().c_str());
     return 2;
@@ -171,7 +215,10 @@ int RunBenchLayer(int argc, char** argv) {
   options.max_tokens_per_rank = std::max(max_tokens, config->engine.max_tokens_per_rank);
   options.device = server::DeviceOfRank(*config, 0);
   options.dispatch_sms = dispatch_sms >= 0 ? dispatch_sms : config->engine.dispatch_sms;
-  options.role2_kernel = gemm;
+  options.cuda = server::EngineOptionsFromConfig(*config, 0, "bench").backend.cuda;
+  options.cuda.merge_tails = !no_merge_tails;
+  options.cuda.heaviest_first = !no_heaviest_first;
+  options.cuda.direct_rows = !no_direct_rows;
   options.instance = "bench";
   auto backend = engine::CudaBackend::Create(options);
   if (!backend.ok()) return fail("creating the CUDA backend", backend.status());
@@ -221,7 +268,7 @@ int RunBenchLayer(int argc, char** argv) {
   std::fprintf(
       stderr, "loaded in %.1f s; measuring the copy bandwidth (2 GiB) ...\n",
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
-  auto bandwidth = gpu.MeasureCopyBandwidth(size_t{2} << 30, 10);
+  auto bandwidth = MeasureCopyBandwidth(options.device, size_t{2} << 30, 10);
   if (!bandwidth.ok()) return fail("measuring the copy bandwidth", bandwidth.status());
 
   const int H = spec.hidden;
@@ -272,7 +319,6 @@ int RunBenchLayer(int argc, char** argv) {
     ctx.plan = &plan;
     engine::StepOutput out;
     if (Status s = gpu.Step(ctx, &out); !s.ok()) return fail("step", s);
-#ifndef GCMOE_ROLE2_PROBE_NAME  // a probe's outputs are wrong by design
     for (size_t i = 0; i < out.output.size() / 2; ++i) {
       uint16_t b;
       std::memcpy(&b, &out.output[2 * i], 2);
@@ -281,7 +327,6 @@ int RunBenchLayer(int argc, char** argv) {
         return 1;
       }
     }
-#endif
     // The same step again must give the same bits.
     for (int again = 0; again < repeat; ++again) {
       ctx.generation = ++generation;
@@ -325,19 +370,14 @@ int RunBenchLayer(int argc, char** argv) {
 
   std::printf("gcmoe bench layer: %s (H %d, I %d, %d local experts, top-%d, shared I %d)\n",
               config_path.c_str(), H, spec.intermediate, E, k, spec.shared_intermediate);
-#ifdef GCMOE_ROLE2_PROBE_NAME
-  std::printf(
-      "PROBE BUILD (GCMOE_ROLE2_PROBE=%s): role2 at BM 64 leaves work out and its outputs "
-      "are wrong; timings only (kernels/role2_probe.h)\n",
-      GCMOE_ROLE2_PROBE_NAME);
-#endif
   std::printf(
       "GPU split %d compute + %d dispatch SMs (%s); copy bandwidth %.0f GB/s (read + write); "
       "%d ms settling + %d warm-up + %d timed replays per row\n",
       parts.compute_sms, parts.dispatch_sms,
       parts.green ? "green contexts, overlapped" : "one context, roles in sequence",
       *bandwidth / 1e9, settle_ms, warmup, replays);
-  std::printf("role2 %s:", kernels::GemmKernelName(gpu.gemm_kernel()));
+  std::printf("role2%s%s%s:", no_merge_tails ? ", no merged tails" : "",
+              no_heaviest_first ? ", expert id order" : "", no_direct_rows ? ", no direct rows" : "");
   for (int bm : kernels::kBlockSizes) {
     const kernels::Role2Shape& shape = gpu.role2_shape(bm);
     std::printf(" BM %d: %d CTAs (%d/SM) x %d threads, %zu B smem%s%s;", bm, gpu.role2_grid(bm),
@@ -377,9 +417,10 @@ int RunBenchLayer(int argc, char** argv) {
     json << "{\"config\": \"" << config_path << "\", \"hidden\": " << H
          << ", \"intermediate\": " << spec.intermediate << ", \"experts\": " << E
          << ", \"top_k\": " << k << ", \"shared_intermediate\": " << spec.shared_intermediate
-         << ", \"copy_bandwidth_Bps\": " << *bandwidth << ", \"gemm\": \""
-         << kernels::GemmKernelName(gpu.gemm_kernel())
-         << "\", \"compute_sms\": " << parts.compute_sms
+         << ", \"copy_bandwidth_Bps\": " << *bandwidth << ", \"merge_tails\": "
+         << (no_merge_tails ? "false" : "true") << ", \"heaviest_first\": "
+         << (no_heaviest_first ? "false" : "true") << ", \"direct_rows\": "
+         << (no_direct_rows ? "false" : "true") << ", \"compute_sms\": " << parts.compute_sms
          << ", \"dispatch_sms\": " << parts.dispatch_sms << ", \"settle_ms\": " << settle_ms
          << ", \"rows\": [";
     for (size_t i = 0; i < rows.size(); ++i) {

@@ -192,6 +192,30 @@ TEST(ConfigValues, NegativeDispatchSmsIsRejected) {
             "-1");
 }
 
+// The CUDA tuning keys: defaults, values, and every rank agreeing on them (the digest).
+TEST(ConfigValues, EngineCudaKeysTakeValuesAndEnterTheDigest) {
+  const Config defaults = MustParse(DefaultConfigText());
+  EXPECT_EQ(defaults.engine.cuda.ring_blocks, 0);
+  EXPECT_EQ(defaults.engine.cuda.role1_grid, 0);
+  EXPECT_EQ(defaults.engine.cuda.overlap_roles, "auto");
+  EXPECT_EQ(defaults.engine.cuda.wait_timeout_ms, 5000);
+  EXPECT_EQ(defaults.engine.cuda.wait_sleep_cap_ns, 4096);
+  const Config tuned = MustParse(
+      DefaultConfigText(),
+      {"engine.cuda.ring_blocks=3", "engine.cuda.role1_grid=64", "engine.cuda.overlap_roles=off",
+       "engine.cuda.wait_timeout_ms=2000", "engine.cuda.wait_sleep_cap_ns=512"});
+  EXPECT_EQ(tuned.engine.cuda.ring_blocks, 3);
+  EXPECT_EQ(tuned.engine.cuda.role1_grid, 64);
+  EXPECT_EQ(tuned.engine.cuda.overlap_roles, "off");
+  EXPECT_EQ(tuned.engine.cuda.wait_timeout_ms, 2000);
+  EXPECT_EQ(tuned.engine.cuda.wait_sleep_cap_ns, 512);
+  EXPECT_NE(tuned.Digest(), defaults.Digest());
+  EXPECT_NE(MustParse(DefaultConfigText(), {"engine.cuda.wait_sleep_cap_ns=8192"}).Digest(),
+            defaults.Digest());
+  // `config show` prints them.
+  EXPECT_NE(tuned.ToJson().find("\"overlap_roles\": \"off\""), std::string::npos) << tuned.ToJson();
+}
+
 TEST(ConfigOverrides, CreatesAbsentSections) {
   const Config config = MustParse(DefaultConfigText(), {"logging.format=json"});
   EXPECT_EQ(config.logging.format, "json");

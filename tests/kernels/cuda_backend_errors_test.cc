@@ -35,64 +35,36 @@ TEST(CudaBackendCreate, RanksOutsideOneHostAreRejected) {
   }
 }
 
-TEST(CudaBackendCreate, Role2KernelIsBf16WgmmaUnlessGcmoeCudaGemmNamesAnother) {
-  using kernels::GemmKernel;
-  const auto chosen = [](const char* requested) {
-    auto kernel = ChooseRole2Kernel(requested);
-    EXPECT_TRUE(kernel.ok()) << kernel.status().ToString();
-    return kernel.ok() ? *kernel : GemmKernel::kStreamWgmma;
-  };
-  EXPECT_EQ(chosen(nullptr), GemmKernel::kWgmmaBf16);
-  EXPECT_EQ(chosen(""), GemmKernel::kWgmmaBf16);
-  EXPECT_EQ(chosen("stream"), GemmKernel::kStreamMma);
-  EXPECT_EQ(chosen("mma"), GemmKernel::kMmaSync);
-  EXPECT_EQ(chosen("wgmma"), GemmKernel::kStreamWgmma);
-  EXPECT_EQ(chosen("bf16"), GemmKernel::kStreamBf16);
-  EXPECT_EQ(chosen("bf16-wgmma"), GemmKernel::kWgmmaBf16);
-  auto unknown = ChooseRole2Kernel("cutlass");
-  ASSERT_FALSE(unknown.ok());
-  EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(unknown.status().message().find("GCMOE_CUDA_GEMM"), std::string::npos);
-  EXPECT_NE(unknown.status().message().find("cutlass"), std::string::npos);
-}
-
-TEST(CudaBackendCreate, UnknownRole2KernelIsRejectedBeforeAnyDeviceWork) {
+TEST(CudaBackendCreate, BadTuningIsRejectedBeforeAnyDeviceWork) {
   BackendOptions o = Options();
-  o.role2_kernel = "cutlass";
+  o.cuda.overlap_roles = "sometimes";
   auto backend = CreateCudaBackend(o);
   ASSERT_FALSE(backend.ok());
   EXPECT_EQ(backend.status().code(), StatusCode::kInvalidArgument) << backend.status().ToString();
-  EXPECT_NE(backend.status().message().find("cutlass"), std::string::npos);
+  EXPECT_NE(backend.status().message().find("sometimes"), std::string::npos);
+  o = Options();
+  o.cuda.wait_sleep_cap_ns = 100;
+  backend = CreateCudaBackend(o);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), StatusCode::kInvalidArgument) << backend.status().ToString();
+  EXPECT_NE(backend.status().message().find("wait_sleep_cap_ns"), std::string::npos);
 }
 
-// The sweep behind the choice (docs/PERFORMANCE.md, "Block size"): the block size measured
+// The sweep behind the choice (docs/DESIGN-NOTES.md, block size): the block size measured
 // fastest at each mean of rows per expert, GLM-5.2 and DeepSeek-V4.1-Flash slices on an H200.
 TEST(CudaBackendBlockRows, MatchesTheMeasuredFastestBlockSize) {
-  using kernels::GemmKernel;
-  const std::pair<double, int> fp8[] = {{2, 8}, {4, 8}, {8, 16}, {16, 16}, {32, 32}, {64, 64}};
-  for (const auto& [mean, bm] : fp8) {
-    EXPECT_EQ(BlockRowsForMeanRows(GemmKernel::kStreamMma, mean), bm) << mean;
+  const std::pair<double, int> measured[] = {{0.5, 8},  {1, 16},  {2, 16},  {4, 16}, {8, 16},
+                                             {16, 32}, {22, 32}, {32, 64}, {64, 64}};
+  for (const auto& [mean, bm] : measured) {
+    EXPECT_EQ(BlockRowsForMeanRows(mean), bm) << mean;
   }
-  EXPECT_EQ(BlockRowsForMeanRows(GemmKernel::kStreamMma, 1000.0), 64);
-  const std::pair<double, int> bf16[] = {{0.5, 8}, {1, 16},  {2, 16},  {4, 16},
-                                         {8, 16},  {16, 32}, {32, 32}, {64, 32}};
-  for (const auto& [mean, bm] : bf16) {
-    EXPECT_EQ(BlockRowsForMeanRows(GemmKernel::kStreamBf16, mean), bm) << mean;
-  }
-  // `bf16-wgmma`: bf16's sizes, and its own kernel at BM 64 once a block fills.
-  const std::pair<double, int> wide[] = {{0.5, 8}, {8, 16}, {16, 32}, {22, 32}, {32, 64}, {64, 64}};
-  for (const auto& [mean, bm] : wide) {
-    EXPECT_EQ(BlockRowsForMeanRows(GemmKernel::kWgmmaBf16, mean), bm) << mean;
-  }
-  for (GemmKernel kernel :
-       {GemmKernel::kStreamMma, GemmKernel::kStreamBf16, GemmKernel::kWgmmaBf16}) {
-    EXPECT_EQ(BlockRowsForMeanRows(kernel, 0.0), 8);
-    // Never smaller for more rows.
-    int last = 8;
-    for (double mean = 0; mean < 200; mean += 0.25) {
-      EXPECT_GE(BlockRowsForMeanRows(kernel, mean), last) << mean;
-      last = BlockRowsForMeanRows(kernel, mean);
-    }
+  EXPECT_EQ(BlockRowsForMeanRows(0.0), 8);
+  EXPECT_EQ(BlockRowsForMeanRows(1000.0), 64);
+  // Never smaller for more rows.
+  int last = 8;
+  for (double mean = 0; mean < 200; mean += 0.25) {
+    EXPECT_GE(BlockRowsForMeanRows(mean), last) << mean;
+    last = BlockRowsForMeanRows(mean);
   }
 }
 

@@ -66,7 +66,7 @@ TEST(CudaBackendReplay, ThousandGraphReplaysLeaveNoState) {
   if (!HasGpu()) GTEST_SKIP() << kNoGpu;
   const engine::ModelSpec spec = ReplayModel();
   server::RandomCodeWeightSource weights(spec, 43);
-  auto pair = BackendPair::Create(spec, 64, weights, {"GCMOE_CUDA_RING_BLOCKS=3"});
+  auto pair = BackendPair::Create(spec, 64, weights, {.ring_blocks = 3});
   ASSERT_NE(pair, nullptr);
   std::mt19937_64 rng(44);
   const StepInputs in = MakeInputs(spec, 64, engine::DType::kBF16, Routing::kUniform, &rng);

@@ -85,25 +85,23 @@ TEST_F(CudaBackendTest, RoutingPatternsMatchCpu) {
   }
 }
 
-// Every role2 kernel (GCMOE_CUDA_GEMM) at every block size, so every MMA width of the
-// streaming kernels' valid-M sizing (8..64) and both weight formats run; K = 128 and 256 give
-// one- and two-chunk tasks, so the stage ring wraps inside and across tasks.
-TEST_F(CudaBackendTest, EveryGemmKernelAtEveryBlockSizeMatchesCpu) {
-  for (const char* gemm : {"bf16", "bf16-wgmma", "wgmma", "stream", "mma"}) {
-    for (bool shared : {false, true}) {
-      const engine::ModelSpec spec = SmallModel(shared);
-      server::RandomCodeWeightSource weights(spec, 13);
-      auto pair = BackendPair::Create(spec, 64, weights, {std::string("GCMOE_CUDA_GEMM=") + gemm});
-      ASSERT_NE(pair, nullptr) << gemm;
-      std::mt19937_64 rng(7);
-      for (int bm : {8, 16, 32, 64}) {
-        ASSERT_TRUE(pair->cuda()->ForceBlockRows(bm).ok());
-        for (int tokens : {1, 7, 33, 64}) {
-          const StepInputs in = MakeInputs(spec, tokens, DType::kBF16, Routing::kUniform, &rng);
-          ExpectMatch(pair.get(), in, ++generation_,
-                      std::string(gemm) + " shared " + std::to_string(shared) + " BM " +
-                          std::to_string(bm) + " T " + std::to_string(tokens));
-        }
+// role2 at every block size (the mma.sync kernel at 8-32, the wgmma kernel at 64), so every MMA
+// width of the valid-M sizing (8..64) and both weight formats run; K = 128 and 256 give one- and
+// two-chunk tasks, so the stage ring wraps inside and across tasks.
+TEST_F(CudaBackendTest, EveryBlockSizeMatchesCpu) {
+  for (bool shared : {false, true}) {
+    const engine::ModelSpec spec = SmallModel(shared);
+    server::RandomCodeWeightSource weights(spec, 13);
+    auto pair = BackendPair::Create(spec, 64, weights);
+    ASSERT_NE(pair, nullptr);
+    std::mt19937_64 rng(7);
+    for (int bm : {8, 16, 32, 64}) {
+      ASSERT_TRUE(pair->cuda()->ForceBlockRows(bm).ok());
+      for (int tokens : {1, 7, 33, 64}) {
+        const StepInputs in = MakeInputs(spec, tokens, DType::kBF16, Routing::kUniform, &rng);
+        ExpectMatch(pair.get(), in, ++generation_,
+                    "shared " + std::to_string(shared) + " BM " + std::to_string(bm) + " T " +
+                        std::to_string(tokens));
       }
     }
   }
@@ -148,7 +146,7 @@ TEST_F(CudaBackendTest, RingSlotReuseMatchesCpu) {
   // Two ring slots for up to 32 blocks: role1 must wait for role2 to release each slot.
   const engine::ModelSpec spec = SmallModel(true);
   server::RandomCodeWeightSource weights(spec, 14);
-  auto pair = BackendPair::Create(spec, 64, weights, {"GCMOE_CUDA_RING_BLOCKS=2"});
+  auto pair = BackendPair::Create(spec, 64, weights, {.ring_blocks = 2});
   ASSERT_NE(pair, nullptr);
   std::mt19937_64 rng(8);
   for (Routing routing : {Routing::kUniform, Routing::kAllOnOneExpert, Routing::kUnusedSlots}) {
@@ -159,24 +157,24 @@ TEST_F(CudaBackendTest, RingSlotReuseMatchesCpu) {
   }
 }
 
-// The bf16-wgmma kernel at BM 64 computes an expert's last block of up to 16 rows with the full
+// The wgmma kernel at BM 64 computes an expert's last block of up to 16 rows with the full
 // block before it (RingBlock::tail_rows): expert 1 takes every token's first slot, so T = 70 and
 // 80 leave tails of 6 and 16 rows (merged, the second at the widest MMA), 81 one of 17 (not
 // merged), 140 a third block of 12 (merged) and 150 one of 22. With two ring slots the tail's
 // slot is reused too.
-TEST_F(CudaBackendTest, Bf16WgmmaMergedTailsMatchCpu) {
+TEST_F(CudaBackendTest, WgmmaMergedTailsMatchCpu) {
   const engine::ModelSpec spec = SmallModel(false);
   server::RandomCodeWeightSource weights(spec, 19);
   std::mt19937_64 rng(13);
-  for (const char* ring : {"GCMOE_CUDA_RING_BLOCKS=0", "GCMOE_CUDA_RING_BLOCKS=2"}) {
-    auto pair = BackendPair::Create(spec, 160, weights, {"GCMOE_CUDA_GEMM=bf16-wgmma", ring});
+  for (int ring : {0, 2}) {
+    auto pair = BackendPair::Create(spec, 160, weights, {.ring_blocks = ring});
     ASSERT_NE(pair, nullptr);
     ASSERT_TRUE(pair->cuda()->ForceBlockRows(64).ok());
     for (Routing routing : {Routing::kOneExpert, Routing::kAllOnOneExpert}) {
       for (int tokens : {70, 80, 81, 140, 150}) {
         const StepInputs in = MakeInputs(spec, tokens, DType::kBF16, routing, &rng);
         ExpectMatch(pair.get(), in, ++generation_,
-                    std::string(ring) + " T " + std::to_string(tokens));
+                    "ring blocks " + std::to_string(ring) + " T " + std::to_string(tokens));
       }
     }
   }
@@ -188,7 +186,7 @@ TEST_F(CudaBackendTest, SequentialModeMatchesConcurrentBitForBit) {
   const engine::ModelSpec spec = SmallModel(true);
   server::RandomCodeWeightSource weights(spec, 15);
   auto concurrent = BackendPair::Create(spec, 48, weights);
-  auto sequential = BackendPair::Create(spec, 48, weights, {"GCMOE_CUDA_SEQUENTIAL=1"});
+  auto sequential = BackendPair::Create(spec, 48, weights, {.overlap_roles = "off"});
   auto unpartitioned = BackendPair::Create(spec, 48, weights, {}, 0);
   ASSERT_NE(concurrent, nullptr);
   ASSERT_NE(sequential, nullptr);
@@ -272,17 +270,17 @@ class ScaledWeights final : public engine::WeightSource {
   uint8_t low_;
 };
 
-// The bf16 role2 folds each block scale into a BF16 multiplier, which holds routed scales up to
+// role2 folds each block scale into a BF16 multiplier, which holds routed scales up to
 // 2 (UE8M0 code 128) and shared ones up to 2^7: matrices with larger scales load with their codes
 // lowered and the results raised back, exactly, so they match the CPU backend as any other. Here
 // every scale is 2^12 times the generator's (all above the limit), and then one block of expert
 // 3's W2 is 2^73 (that matrix shifted by 72).
-TEST_F(CudaBackendTest, Bf16KernelShiftsLargeBlockScalesExactly) {
+TEST_F(CudaBackendTest, LargeBlockScalesAreShiftedExactly) {
   for (bool shared : {false, true}) {
     for (uint8_t high : {uint8_t{0}, uint8_t{200}}) {
       const engine::ModelSpec spec = SmallModel(shared);
       ScaledWeights weights(spec, 12, high);
-      auto pair = BackendPair::Create(spec, 64, weights, {"GCMOE_CUDA_GEMM=bf16"});
+      auto pair = BackendPair::Create(spec, 64, weights);
       ASSERT_NE(pair, nullptr);
       std::mt19937_64 rng(14);
       for (int tokens : {7, 64}) {
@@ -298,33 +296,24 @@ TEST_F(CudaBackendTest, Bf16KernelShiftsLargeBlockScalesExactly) {
 }
 
 // Only a matrix whose block scales span more than BF16 can hold (2^-126 next to 2^127) is
-// refused by the bf16 role2, at load, naming the matrix and the way out; the stream role2 takes
-// any scales.
-TEST_F(CudaBackendTest, Bf16KernelRefusesScalesWiderThanBf16) {
+// refused, at load, naming the matrix and the way out (the cpu backend).
+TEST_F(CudaBackendTest, ScalesWiderThanBf16AreRefused) {
   const engine::ModelSpec spec = SmallModel(false);
   std::vector<int> all(spec.num_experts);
   for (int e = 0; e < spec.num_experts; ++e) all[e] = e;
   const ScaledWeights weights(spec, 0, 254, 1);
-  for (const auto& [kernel, ok] : {std::pair{"bf16", false}, {"stream", true}}) {
-    engine::BackendOptions options;
-    options.model = spec;
-    options.max_tokens_per_rank = 8;
-    options.role2_kernel = kernel;
-    options.instance = "gcmoe-gputest-bf16-scales-" + std::to_string(getpid());
-    auto backend = engine::CudaBackend::Create(options);
-    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-    const Status loaded = (*backend)->LoadExperts(weights, all);
-    if (ok) {
-      EXPECT_TRUE(loaded.ok()) << kernel << ": " << loaded.ToString();
-      continue;
-    }
-    ASSERT_FALSE(loaded.ok()) << kernel;
-    EXPECT_EQ(loaded.code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(loaded.message().find("expert 3 of layer 0 W2"), std::string::npos)
-        << loaded.message();
-    EXPECT_NE(loaded.message().find("GCMOE_CUDA_GEMM=stream"), std::string::npos)
-        << loaded.message();
-  }
+  engine::BackendOptions options;
+  options.model = spec;
+  options.max_tokens_per_rank = 8;
+  options.instance = "gcmoe-gputest-bf16-scales-" + std::to_string(getpid());
+  auto backend = engine::CudaBackend::Create(options);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  const Status loaded = (*backend)->LoadExperts(weights, all);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(loaded.message().find("expert 3 of layer 0 W2"), std::string::npos)
+      << loaded.message();
+  EXPECT_NE(loaded.message().find("cpu backend"), std::string::npos) << loaded.message();
 }
 
 TEST_F(CudaBackendTest, StepErrorsNameTheProblem) {
@@ -344,7 +333,7 @@ TEST_F(CudaBackendTest, StepErrorsNameTheProblem) {
   EXPECT_EQ(pair->Run(pair->cuda(), bad, ++generation_, &out).code(), StatusCode::kInvalidArgument);
 }
 
-// Small enough for compute-sanitizer (run with GCMOE_CUDA_SEQUENTIAL=1; see bench/gpu_checks.sh).
+// Small enough for compute-sanitizer (bench/gpu_checks.sh runs it there).
 TEST_F(CudaBackendTest, SanitizerCase) {
   const engine::ModelSpec spec = SmallModel(true);
   server::RandomCodeWeightSource weights(spec, 18);
@@ -355,21 +344,20 @@ TEST_F(CudaBackendTest, SanitizerCase) {
     const StepInputs in = MakeInputs(spec, 9, DType::kBF16, routing, &rng);
     ExpectMatch(pair.get(), in, ++generation_, "sanitizer case");
   }
-  // The bf16-wgmma kernel's own ring, warpgroups and row order (`bf16-wgmma` at BM 64), routed
-  // and shared.
-  auto wide = BackendPair::Create(spec, 16, weights, {"GCMOE_CUDA_GEMM=bf16-wgmma"});
+  // The wgmma kernel's own ring, warpgroups and row order (BM 64), routed and shared.
+  auto wide = BackendPair::Create(spec, 16, weights);
   ASSERT_NE(wide, nullptr);
   ASSERT_TRUE(wide->cuda()->ForceBlockRows(64).ok());
   const StepInputs in = MakeInputs(spec, 9, DType::kBF16, Routing::kUniform, &rng);
-  ExpectMatch(wide.get(), in, ++generation_, "sanitizer case, bf16-wgmma BM 64");
+  ExpectMatch(wide.get(), in, ++generation_, "sanitizer case, wgmma BM 64");
   // Without the shared expert, a merged tail (expert 1's 70 rows: 64 + 6).
   const engine::ModelSpec routed = SmallModel(false);
   server::RandomCodeWeightSource routed_weights(routed, 18);
-  auto merged = BackendPair::Create(routed, 80, routed_weights, {"GCMOE_CUDA_GEMM=bf16-wgmma"});
+  auto merged = BackendPair::Create(routed, 80, routed_weights);
   ASSERT_NE(merged, nullptr);
   ASSERT_TRUE(merged->cuda()->ForceBlockRows(64).ok());
   const StepInputs tail = MakeInputs(routed, 70, DType::kBF16, Routing::kOneExpert, &rng);
-  ExpectMatch(merged.get(), tail, ++generation_, "sanitizer case, bf16-wgmma merged tail");
+  ExpectMatch(merged.get(), tail, ++generation_, "sanitizer case, wgmma merged tail");
 }
 
 }  // namespace

@@ -103,7 +103,7 @@ StepInputs MakeInputs(const engine::ModelSpec& spec, int num_tokens, engine::DTy
 
 std::unique_ptr<BackendPair> BackendPair::Create(const engine::ModelSpec& spec, int capacity,
                                                  const engine::WeightSource& weights,
-                                                 const std::vector<std::string>& cuda_env,
+                                                 const engine::CudaTuning& tuning,
                                                  int dispatch_sms) {
   static std::atomic<int> instances{0};
   auto pair = std::unique_ptr<BackendPair>(new BackendPair());
@@ -112,6 +112,7 @@ std::unique_ptr<BackendPair> BackendPair::Create(const engine::ModelSpec& spec, 
   options.model = spec;
   options.max_tokens_per_rank = capacity;
   options.dispatch_sms = dispatch_sms;
+  options.cuda = tuning;
   options.instance =
       "gcmoe-gputest-" + std::to_string(getpid()) + "-" + std::to_string(instances.fetch_add(1));
   std::vector<int> all(spec.num_experts);
@@ -125,21 +126,7 @@ std::unique_ptr<BackendPair> BackendPair::Create(const engine::ModelSpec& spec, 
   const std::string cpu_name = pair->cpu_->transport_name();
   EXPECT_TRUE(pair->cpu_->ConnectPeers(engine::PeerSetup{1, {cpu_name}, ""}).ok());
 
-  std::vector<std::pair<std::string, std::string>> saved;
-  for (const std::string& setting : cuda_env) {
-    const size_t eq = setting.find('=');
-    const std::string name = setting.substr(0, eq);
-    const char* old = std::getenv(name.c_str());
-    saved.emplace_back(name, old != nullptr ? old : "");
-    setenv(name.c_str(), setting.substr(eq + 1).c_str(), 1);
-  }
   auto cuda = engine::CudaBackend::Create(options);
-  for (const auto& [name, old] : saved) {
-    if (old.empty())
-      unsetenv(name.c_str());
-    else
-      setenv(name.c_str(), old.c_str(), 1);
-  }
   EXPECT_TRUE(cuda.ok()) << cuda.status().ToString();
   if (!cuda.ok()) return nullptr;
   pair->cuda_ = std::move(cuda).value();

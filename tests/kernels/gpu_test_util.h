@@ -43,12 +43,12 @@ StepInputs MakeInputs(const engine::ModelSpec& spec, int num_tokens, engine::DTy
 // The two backends over one model and weight source (P = 1).
 class BackendPair {
  public:
-  // cuda_env: "NAME=VALUE" environment settings applied while the CUDA backend is created.
+  // tuning: the CUDA backend's (engine.cuda and the ablation switches).
   // dispatch_sms: the partitioned, overlapped path by default (the service's default is no
   // partition, 0): it has the cross-partition handshakes to test.
   static std::unique_ptr<BackendPair> Create(const engine::ModelSpec& spec, int capacity,
                                              const engine::WeightSource& weights,
-                                             const std::vector<std::string>& cuda_env = {},
+                                             const engine::CudaTuning& tuning = {},
                                              int dispatch_sms = 16);
   engine::CudaBackend* cuda() { return cuda_.get(); }
   engine::Backend* cpu() { return cpu_.get(); }

@@ -82,7 +82,7 @@ TEST(GreenContext, LayerRolesRunOnDisjointPartitions) {
   spec.num_layers = 1;
   spec.weights = "synthetic:1";
   server::RandomCodeWeightSource weights(spec, 51);
-  auto pair = BackendPair::Create(spec, 64, weights, {"GCMOE_CUDA_RECORD_SM_IDS=1"});
+  auto pair = BackendPair::Create(spec, 64, weights, {.record_sm_ids = true});
   ASSERT_NE(pair, nullptr);
   ASSERT_FALSE(pair->cuda()->sequential());
   std::mt19937_64 rng(52);

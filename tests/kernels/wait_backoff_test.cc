@@ -40,8 +40,8 @@ TEST(WaitBackoff, ALongCapThatIsNoPowerOfTwoIsReachedNotPassed) {
 }
 
 TEST(WaitBackoff, ACapAtTheShortCapIsTheOldSchedule) {
-  // GCMOE_CUDA_WAIT_SLEEP_NS=512: every wait backs off to 512 ns and stays there, as before
-  // session 23.
+  // engine.cuda.wait_sleep_cap_ns 512 (its floor): every wait backs off to 512 ns and stays
+  // there.
   const std::vector<uint32_t> sleeps = Sleeps(100, kShortWaitSleepNs);
   for (size_t i = 4; i < sleeps.size(); ++i) EXPECT_EQ(sleeps[i], 512u) << "poll " << i + 1;
 }

@@ -1,51 +1,38 @@
-// role2 on Hopper: the grouped GEMM of a GC-MoE layer (DESIGN.md §4 steps 2-4, §6; the paper's
-// sm90 path, §4.4), warp-specialized so that weight streaming never waits on arithmetic.
+// role2 on Hopper: the grouped GEMM of a GC-MoE layer (DESIGN.md §4 steps 2-4, §6), warp-
+// specialized so that weight streaming never waits on arithmetic, with exact BF16 operands
+// (layer_roles.h).
 //
-// A task is one 64-row weight tile (weight_tiles_sm90.h) against one block of tokens, as in the
-// stepping stone (grouped_gemm_fp8_fp4_sm90.cu): shared W1, routed W1, shared W2, routed W2,
-// claimed in that order from one cursor, so a W2 task is claimed only after every W1 task of
-// its block was claimed by a running CTA and its wait cannot deadlock.
+// A task is one or two adjacent 64-row weight tiles (weight_tiles_sm90.h, Role2TilesPerTask)
+// against one block of tokens: shared W1, routed W1, shared W2, routed W2, claimed in that order
+// from one cursor, so a W2 task is claimed only after every W1 task of its block was claimed by
+// a running CTA and its wait cannot deadlock.
 //
-// CTA = one consumer warpgroup (warps 0-3) + one producer warp (warp 4).
+// BM 8, 16, 32: CTA = one consumer warpgroup (warps 0-3) + one producer warp (warp 4).
 //   producer: claims a task, waits for what it reads (ring block full / W1 tiles done; the
 //     weights depend on nothing), publishes a task descriptor, then streams the task's K128
-//     steps into a ring of shared-memory stages: the tile's four stripe chunks as one bulk copy
-//     (one contiguous burst, evict-first in L2) completing on the stage's `full` barrier, and
-//     the block's activations (E4M3, n rows x 128) plus the 16-byte window of each row's UE8M0
-//     scales through cp.async (L2 only), released on the same barrier kLagStages stages later
-//     (the bf16 kernel: BF16 rows, 256 bytes per valid row, no scales, and each lane's
-//     cp.async arrival completes on the barrier by itself when its copies land).
-//     The ring spans task boundaries, so the next task's weights stream during this epilogue.
-//   consumers: per stage, two 16-byte shared loads per lane (E2M1) give the A fragments of the
-//     four K32 scale blocks; FP4 is decoded to E4M3 (times 2^-6) in registers by masks and one
-//     rotation (weight_tiles_sm90.h), then one of
-//       kWgmma = true:  wgmma m64nNk32 E4M3 (A from registers, B = activations by descriptor)
-//                       into a fresh FP32 tile per K32, folded in while the next K32 runs;
-//       kWgmma = false: mma.sync m16n8k32 E4M3 per warp from the same shared-memory B (the
-//                       default's W1: FP8 wgmma sums a K32 block at reduced precision, and
-//                       the E4M3 requantization of h would turn that into flipped codes; the
-//                       default's W2 at BM <= 32 takes kWgmma = true: layer_roles.h)
-//     and the per-32 weight and activation scales are applied by FMA into the accumulator;
-//     or (GemmKernel::kStreamBf16, MainloopBf16) FP4 is decoded to BF16 and multiplied by its
-//     block scale, and mma.sync m16n8k16 BF16 sums the whole K of exact operands in FP32.
-//     Then the fused epilogue (SwiGLU + routing weight + E4M3 requantization, or the BF16
-//     scatter to the combine buffer).
+//     steps into a ring of shared-memory stages: each tile's four stripe chunks as one bulk copy
+//     (one contiguous burst, evict-first in L2) and the block's BF16 activation rows (TMA boxes
+//     from BM 16 on, cp.async at BM 8), all completing on the stage's `full` barrier. The ring
+//     spans task boundaries, so the next task's weights stream during this task's epilogue.
+//   consumers: per stage, the FP4 (or the shared expert's E4M3) weights are decoded to BF16
+//     times their block scale in registers and mma.sync m16n8k16 BF16 sums the whole K in FP32
+//     (stream_mainloops_sm90.cuh); then the fused epilogue (SwiGLU + routing weight + E4M3
+//     requantization of h, stored as the exact BF16 rows W2 reads, or the BF16 scatter to the
+//     combine buffer).
 //   valid-M sizing: the MMA width n is the smallest of 8, 16, 32, 64 covering the block's rows,
 //     so a partially filled block streams and multiplies fewer token columns.
+// BM 64: two consumer warpgroups on register-A BF16 wgmma (one tile of the task each), three
+//   CTAs per SM; its CTA is below and its K loop in bf16_wgmma_sm90.cuh.
 //
 // The pipeline's layout and invariants: stream_pipeline_sm90.cuh; the producer warp:
-// stream_producer_sm90.cuh; the consumers' K loops: stream_mainloops_sm90.cuh. The default's
-// BM 64 (`bf16-wgmma`: two consumer warpgroups on register-A BF16 wgmma, three CTAs per SM) has
-// its own CTA below and its K loop in bf16_wgmma_sm90.cuh.
+// stream_producer_sm90.cuh.
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/bf16_wgmma_sm90.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/gemm_epilogue_sm90.cuh"
 #include "kernels/layer_roles.h"
 #include "kernels/programmatic_launch.h"
-#include "kernels/role2_probe.h"
 #include "kernels/sm90_async.cuh"
 #include "kernels/stream_mainloops_sm90.cuh"
 #include "kernels/stream_pipeline_sm90.cuh"
@@ -60,36 +47,30 @@ using namespace stream_role2;  // the pipeline and K loops of this kernel, in th
 
 // The fused epilogues of the task's kTiles tiles, by one warpgroup, from
 // red[tile row 64 s + r][token] (`pitch` values per row) complete and visible.
-// `tile_offset`: the task's tile the first of them is (the bf16-wgmma kernel's warpgroup 1 runs
-// tile 1 alone).
-// `red` holds FP32 or (uint16_t) BF16 results; the epilogues read each as BF16 (DESIGN.md §4:
-// a = BF16(W x)), so FP32 ones are rounded here and BF16 ones are only widened.
-template <int BM, int kTiles, bool kBf16Out, typename Red>
+// `tile_offset`: the task's tile the first of them is (the wgmma kernel's warpgroup 1 runs tile 1
+// alone). `red` holds the results rounded to BF16 (DESIGN.md §4: a = BF16(W x)).
+template <int BM, int kTiles>
 __device__ __forceinline__ void TaskEpilogues(const LayerParams& p, const TaskDesc& d,
-                                              const Red* red, int pitch, int tile_offset = 0) {
-  constexpr int64_t kActBytes = kBf16Out ? 2 : 1;  // of h_q, hs_q
+                                              const uint16_t* red, int pitch,
+                                              int tile_offset = 0) {
+  constexpr int64_t kActBytes = 2;  // h_q, hs_q: BF16
   const int I = p.dims.intermediate;
   const int Is = p.dims.shared_intermediate;
   const int64_t first = static_cast<int64_t>(d.block) * BM;
 #pragma unroll
   for (int s = 0; s < kTiles; ++s) {
-    const Red* red_tile = red + s * kTileRows * pitch;
+    const uint16_t* red_tile = red + s * kTileRows * pitch;
     auto red_at = [red_tile, pitch](int r, int n) {
-      if constexpr (sizeof(Red) == 2) {
-        return Bf16ToFloat(red_tile[RedRowStart(r, pitch, 2) + n]);
-      } else {
-        return RoundBf16(red_tile[r * pitch + n]);
-      }
+      return Bf16ToFloat(red_tile[RedRowStart(r, pitch, 2) + n]);
     };
     const int tile = d.tile + tile_offset + s;
     switch (d.kind) {
       case kSharedW1:
-        SwigluEpilogue<4, kBf16Out>(p, red_at, d.rows, tile, Is, nullptr,
-                                    p.hs_q + first * Is * kActBytes, p.hs_s + first * (Is / 32));
+        SwigluEpilogue<4>(p, red_at, d.rows, tile, Is, nullptr, p.hs_q + first * Is * kActBytes);
         break;
       case kRoutedW1:
-        SwigluEpilogue<4, kBf16Out>(p, red_at, d.rows, tile, I, p.meta + first,
-                                    p.h_q + first * I * kActBytes, p.h_s + first * (I / 32));
+        SwigluEpilogue<4>(p, red_at, d.rows, tile, I, p.meta + first,
+                          p.h_q + first * I * kActBytes);
         break;
       case kSharedW2:
         ScatterEpilogue<4>(p, red_at, d.rows, tile, nullptr, d.block * BM);
@@ -104,11 +85,10 @@ __device__ __forceinline__ void TaskEpilogues(const LayerParams& p, const TaskDe
 // Thread `leader` (a warpgroup's first), once its warpgroup's stores of the task's `tiles` tiles
 // are issued (after its barrier): the trace entry, and those tiles' completion: the W1 outputs to
 // the block's W2 tasks, the ring slot (W1 has read it) back to role1. A task of more rows than
-// the block size (the bf16-wgmma kernel's merged blocks) completes its tail block's too.
+// the block size (the wgmma kernel's merged blocks) completes its tail block's too.
 // The warpgroup's barrier orders its threads' stores before the leader's release, which is
-// cumulative: one fence.acq_rel and relaxed adds (a __threadfence, fence.sc, before releasing
-// adds cost 0.4-1.1 % of the step with role1's two like it; the one fence for the W1 task's two
-// or four adds instead of one each gained 0.1-2.0 %: docs/PERFORMANCE.md, session 17).
+// cumulative: one fence.acq_rel and relaxed adds, rather than a fence.sc per add (measurably
+// slower: docs/DESIGN-NOTES.md).
 __device__ __forceinline__ void FinishTask(const LayerParams& p, const TaskDesc& d, int tiles,
                                            uint64_t start_ns, int leader = 0) {
   if (static_cast<int>(threadIdx.x) != leader) return;
@@ -142,12 +122,10 @@ __device__ __forceinline__ TaskDesc TakeDescriptor(Barriers& bars, uint32_t desc
 
 // ---- consumers --------------------------------------------------------------------------------
 
-template <int BM, GemmKernel kKernel>
+template <int BM>
 __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
                           uint8_t* red_buffer, Barriers& bars) {
-  // RedValueBytes: the bf16 kernel's results as BF16 bits.
-  using Red = std::conditional_t<RedValueBytes(kKernel) == 2, uint16_t, float>;
-  constexpr int kTiles = Role2TilesPerTask(kKernel, BM);
+  constexpr int kTiles = Role2TilesPerTask(BM);
   constexpr int kAcc = kTiles * BM / 2;  // per tile s: acc[s * BM / 2 ..]
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -155,7 +133,7 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
   const int t = lane & 3;
   const int Is = p.dims.shared_intermediate;
   const int a_region = kTiles * ARegionBytes(Is > 0);  // B follows the task's tiles
-  const bool red_in_stage = RedInStage(kKernel, BM, Is > 0);
+  const bool red_in_stage = RedInStage(BM, Is > 0);
   const uint64_t mbar_timeout = 2 * p.timeout_ns + 1000000000ull;
   const WaitEnv env = MakeWaitEnv(p, 2);
   RingCursor ring;
@@ -168,17 +146,15 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
     if (d.kind == kRoutedW1 || d.kind == kRoutedW2) {
-      RunMainloop<BM, true, kKernel>(d, stage_base, stages, stage_bytes, a_region, bars,
-                                     mbar_timeout, env, acc, ring, d.kind == kRoutedW2,
-                                     red_in_stage);
+      RunMainloop<BM, true>(d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, env,
+                            acc, ring, red_in_stage);
     } else {
-      RunMainloop<BM, false, kKernel>(d, stage_base, stages, stage_bytes, a_region, bars,
-                                      mbar_timeout, env, acc, ring, d.kind == kSharedW2,
-                                      red_in_stage);
+      RunMainloop<BM, false>(d, stage_base, stages, stage_bytes, a_region, bars, mbar_timeout, env,
+                             acc, ring, red_in_stage);
     }
     // RedInStage: the results go over the task's last stage, once every consumer is done with it.
     const int held = ring.stage == 0 ? stages - 1 : ring.stage - 1;
-    Red* red = reinterpret_cast<Red*>(
+    uint16_t* red = reinterpret_cast<uint16_t*>(
         red_in_stage ? stage_base + static_cast<int64_t>(held) * stage_bytes : red_buffer);
     if (red_in_stage) NamedBarrier(kConsumerBarrierId, kConsumerThreads);
     if (d.scale_shift != 0) {
@@ -196,19 +172,14 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
         const int col = 8 * j + 2 * t;
         const float* a = &acc[s * BM / 2 + 4 * j];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          Red* at = red + RedRowStart(row + 8 * h, RedPitch(BM), sizeof(Red)) + col;
-          if constexpr (sizeof(Red) == 2) {  // both tokens in one store (RedRowStart)
-            *reinterpret_cast<uint32_t*>(at) = Bf16Bits(a[2 * h]) | Bf16Bits(a[2 * h + 1]) << 16;
-          } else {
-            at[0] = a[2 * h];
-            at[1] = a[2 * h + 1];
-          }
+        for (int h = 0; h < 2; ++h) {  // both tokens in one store (RedRowStart)
+          uint16_t* at = red + RedRowStart(row + 8 * h, RedPitch(BM), 2) + col;
+          *reinterpret_cast<uint32_t*>(at) = Bf16Bits(a[2 * h]) | Bf16Bits(a[2 * h + 1]) << 16;
         }
       }
     }
     NamedBarrier(kConsumerBarrierId, kConsumerThreads);  // red complete
-    TaskEpilogues<BM, kTiles, kKernel == GemmKernel::kStreamBf16>(p, d, red, RedPitch(BM));
+    TaskEpilogues<BM, kTiles>(p, d, red, RedPitch(BM));
     // Every consumer's stores of the task are issued and red may be overwritten. bar.sync is
     // CTA-scope synchronization and the release below is cumulative, so thread 0's release
     // covers the other consumers' W1 outputs.
@@ -224,7 +195,7 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
   if (p.dims.world_size > 1) __threadfence_system();
 }
 
-// ---- the bf16-wgmma kernel (BM 64: bf16_wgmma_sm90.cuh) --------------------------------------
+// ---- the wgmma kernel (BM 64: bf16_wgmma_sm90.cuh) --------------------------------------------
 
 // Warpgroup `group` (threads 128 group ..) of the consumers: tile `group` of every task.
 template <bool kShared, bool kMerge>
@@ -249,7 +220,7 @@ __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int sta
                                          mbar_timeout, env, ring, group, token_half_bytes);
     const int held = ring.stage == 0 ? stages - 1 : ring.stage - 1;  // the stage red is over
     NamedBarrier(barrier, kConsumerThreads);                         // red complete
-    TaskEpilogues<kWideBm, 1, true>(p, d, red_tile, kWideRedPitch, group);
+    TaskEpilogues<kWideBm, 1>(p, d, red_tile, kWideRedPitch, group);
     // Every store of the warpgroup's tile is issued and its red is read: the stage goes back.
     NamedBarrier(barrier, kConsumerThreads);
     FenceProxyAsyncShared();  // behind this thread's accesses of the stage (the refill)
@@ -262,7 +233,7 @@ __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int sta
 // One instance per stage layout: with or without the shared expert (WideTokenRows), so that the
 // token rows' extent is a constant of the K loop (as a runtime value it cost 1-2 %). Without the
 // shared expert also one without merged tails (kMerge), for steps that have none: the N = 80
-// path's registers cost the other loops 0.5-2.7 % (docs/PERFORMANCE.md, session 13).
+// path's registers cost the other loops 0.5-2.7 %.
 template <bool kShared, bool kMerge>
 __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
     GroupedGemmWgmmaBf16Kernel(const __grid_constant__ LayerParams p) {
@@ -272,13 +243,6 @@ __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
   const int stages = p.r2_stages;
   constexpr int stage_bytes = WideStageBytes(kShared);
   Barriers& bars = *reinterpret_cast<Barriers*>(smem + static_cast<size_t>(stages) * stage_bytes);
-  if constexpr (kRole2Probe.no_tokens || kRole2Probe.half_tokens || kRole2Probe.no_weights) {
-    // What a probe does not load is zeros, so that the outputs stay finite.
-    for (int i = threadIdx.x; i < stages * stage_bytes / 4; i += blockDim.x) {
-      reinterpret_cast<uint32_t*>(smem)[i] = 0;
-    }
-    __syncthreads();
-  }
   if (threadIdx.x == 0) {
     if (p.smid_log != nullptr) p.smid_log[p.role1_grid + blockIdx.x] = SmId();
     for (int s = 0; s < stages; ++s) {
@@ -293,8 +257,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
   }
   __syncthreads();
   if (threadIdx.x >= kWideConsumers) {
-    Producer<kWideBm, GemmKernel::kStreamBf16, true, kShared, kMerge>(p, smem, stages, stage_bytes,
-                                                                      bars);
+    Producer<kWideBm, true, kShared, kMerge>(p, smem, stages, stage_bytes, bars);
   } else {
     WideConsumers<kShared, kMerge>(p, smem, stages, stage_bytes, bars);
   }
@@ -304,21 +267,21 @@ __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
 // Register cap: each of an SM's 4 schedulers owns a quarter of the register file and a CTA's
 // 5 warps spread over them, so TargetCtasPerSm CTAs fit only at <= 96 (4 CTAs), 128 (3) or
 // 168 (2) registers. Given as __maxnreg__: the launch-bounds form derives the same caps but
-// its code for BM 8 ran 7% slower at 8-16 tokens per rank (measured, H200, 2026-11-29).
-__host__ __device__ constexpr int MaxRegisters(GemmKernel kernel, int bm) {
-  return 65536 / 4 / ((TargetCtasPerSm(kernel, bm) * (kStreamThreads / 32) + 3) / 4) / 32 / 8 * 8;
+// its code for BM 8 ran slower.
+__host__ __device__ constexpr int MaxRegisters(int bm) {
+  return 65536 / 4 / ((TargetCtasPerSm(bm) * (kStreamThreads / 32) + 3) / 4) / 32 / 8 * 8;
 }
-template <int BM, GemmKernel kKernel>
-__global__ void __launch_bounds__(kStreamThreads) __maxnreg__(MaxRegisters(kKernel, BM))
+template <int BM>
+__global__ void __launch_bounds__(kStreamThreads) __maxnreg__(MaxRegisters(BM))
     GroupedGemmStreamKernel(const __grid_constant__ LayerParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int stages = p.r2_stages;
   const bool has_shared = p.dims.shared_intermediate > 0;
-  const int stage_bytes = StageBytes(kKernel, BM, has_shared);
+  const int stage_bytes = StageBytes(BM, has_shared);
   // The results buffer after the stages, unless the results go over a stage (RedInStage).
   uint8_t* red = smem + static_cast<size_t>(stages) * stage_bytes;
   Barriers& bars = *reinterpret_cast<Barriers*>(
-      red + (RedInStage(kKernel, BM, has_shared) ? 0 : RedBytes(kKernel, BM)));
+      red + (RedInStage(BM, has_shared) ? 0 : RedBytes(BM)));
   if (threadIdx.x == 0) {
     if (p.smid_log != nullptr) p.smid_log[p.role1_grid + blockIdx.x] = SmId();
     for (int s = 0; s < stages; ++s) {
@@ -333,50 +296,29 @@ __global__ void __launch_bounds__(kStreamThreads) __maxnreg__(MaxRegisters(kKern
   }
   __syncthreads();
   if (threadIdx.x >= kConsumerThreads) {
-    Producer<BM, kKernel>(p, smem, stages, stage_bytes, bars);
+    Producer<BM>(p, smem, stages, stage_bytes, bars);
   } else {
-    Consumers<BM, kKernel>(p, smem, stages, stage_bytes, red, bars);
+    Consumers<BM>(p, smem, stages, stage_bytes, red, bars);
   }
-  // Launched early behind role1 (LaunchStreamGemmRole2's `early`), this grid must not end
+  // Launched early behind role1 (LaunchGroupedGemmRole2's `early`), this grid must not end
   // before role1 has: role3, next in the stream, resets what role1 may still be using. A no-op
   // otherwise.
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
-using StreamKernel = void (*)(LayerParams);
+using GemmKernelFn = void (*)(LayerParams);
 
-template <GemmKernel kKernel>
-StreamKernel KernelFor(int bm) {
+// has_shared: the layer has the shared expert (the wgmma kernel has an instance for each);
+// merge_tails: the wgmma kernel's instance that runs merged tails (without the shared expert).
+GemmKernelFn KernelFor(int bm, bool has_shared, bool merge_tails) {
   switch (bm) {
     case 8:
-      return GroupedGemmStreamKernel<8, kKernel>;
+      return GroupedGemmStreamKernel<8>;
     case 16:
-      return GroupedGemmStreamKernel<16, kKernel>;
+      return GroupedGemmStreamKernel<16>;
     case 32:
-      return GroupedGemmStreamKernel<32, kKernel>;
-    case 64:
-      return GroupedGemmStreamKernel<64, kKernel>;
-    default:
-      return nullptr;
-  }
-}
-
-// The streaming kernels: every GemmKernel but the stepping stone.
-constexpr GemmKernel kStreamKernels[] = {GemmKernel::kStreamMma, GemmKernel::kStreamWgmma,
-                                         GemmKernel::kStreamBf16, GemmKernel::kWgmmaBf16};
-
-// has_shared: the layer has the shared expert (the bf16-wgmma kernel has an instance for each);
-// merge_tails: the bf16-wgmma kernel's instance that runs merged tails (without the shared expert).
-StreamKernel KernelFor(GemmKernel kernel, int bm, bool has_shared, bool merge_tails) {
-  switch (kernel) {
-    case GemmKernel::kStreamMma:
-      return KernelFor<GemmKernel::kStreamMma>(bm);
-    case GemmKernel::kStreamWgmma:
-      return KernelFor<GemmKernel::kStreamWgmma>(bm);
-    case GemmKernel::kStreamBf16:
-      return KernelFor<GemmKernel::kStreamBf16>(bm);
-    case GemmKernel::kWgmmaBf16:
-      if (bm != kWideBm) return KernelFor<GemmKernel::kStreamBf16>(bm);
+      return GroupedGemmStreamKernel<32>;
+    case kWideBm:
       if (has_shared) return GroupedGemmWgmmaBf16Kernel<true, false>;
       return merge_tails ? GroupedGemmWgmmaBf16Kernel<false, true>
                          : GroupedGemmWgmmaBf16Kernel<false, false>;
@@ -387,59 +329,51 @@ StreamKernel KernelFor(GemmKernel kernel, int bm, bool has_shared, bool merge_ta
 
 }  // namespace
 
-cudaError_t LoadStreamGemmKernels() {
+cudaError_t LoadGroupedGemmKernels() {
   for (int bm : kBlockSizes) {
-    for (GemmKernel which : kStreamKernels) {
-      for (int variant = 0; variant < 4; ++variant) {
-        const StreamKernel kernel = KernelFor(which, bm, variant & 1, variant & 2);
-        cudaFuncAttributes attributes;
-        cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
-        if (err == cudaSuccess) {
-          err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kSmemPerSm - kSmemReservedPerCta));
-        }
-        // The whole unified L1/shared array as shared memory: the stage rings of
-        // TargetCtasPerSm CTAs need it (the default carveout fit one CTA fewer at BM 32 and 64).
-        if (err == cudaSuccess) {
-          err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     cudaSharedmemCarveoutMaxShared);
-        }
-        if (err != cudaSuccess) return err;
+    for (int variant = 0; variant < 4; ++variant) {
+      const GemmKernelFn kernel = KernelFor(bm, variant & 1, variant & 2);
+      cudaFuncAttributes attributes;
+      cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
+      if (err == cudaSuccess) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(kSmemPerSm - kSmemReservedPerCta));
       }
+      // The whole unified L1/shared array as shared memory: the stage rings of
+      // TargetCtasPerSm CTAs need it (the default carveout fit one CTA fewer at BM 32 and 64).
+      if (err == cudaSuccess) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   cudaSharedmemCarveoutMaxShared);
+      }
+      if (err != cudaSuccess) return err;
     }
   }
   return cudaSuccess;
 }
 
-cudaError_t StreamGemmShape(const LayerDims& dims, GemmKernel which, int bm, Role2Shape* shape) {
+cudaError_t Role2ShapeFor(const LayerDims& dims, int bm, Role2Shape* shape) {
   const bool has_shared = dims.shared_intermediate > 0;
-  const StreamKernel kernel = KernelFor(which, bm, has_shared, true);
+  const GemmKernelFn kernel = KernelFor(bm, has_shared, true);
   if (kernel == nullptr) return cudaErrorInvalidValue;
-  const bool wide = which == GemmKernel::kWgmmaBf16 && bm == kWideBm;
-  // Below BM 64 `bf16-wgmma` runs the bf16 kernels.
-  if (which == GemmKernel::kWgmmaBf16) which = GemmKernel::kStreamBf16;
-  // As many stages as fit the shared memory of TargetCtasPerSm resident CTAs (the bf16-wgmma
-  // kernel: of WideCtasPerSm).
+  const bool wide = bm == kWideBm;
+  // As many stages as fit the shared memory of TargetCtasPerSm resident CTAs (the wgmma kernel:
+  // of WideCtasPerSm).
   int stages = wide ? WideStages(has_shared)
-                    : StagesFitting(which, bm, has_shared, RedInStage(which, bm, has_shared));
+                    : StagesFitting(bm, has_shared, RedInStage(bm, has_shared));
   const int min_stages = wide ? kWideMinStages : kMinStages;
   stages = stages < min_stages ? min_stages : (stages > kMaxStages ? kMaxStages : stages);
-  if (wide && kRole2Probe.stages >= kWideMinStages && kRole2Probe.stages < stages) {
-    stages = kRole2Probe.stages;
-  }
   shape->threads = wide ? kWideThreads : kStreamThreads;
   shape->stages = stages;
   shape->smem_bytes =
-      wide ? WideSmemBytes(has_shared, stages) : StreamSmemBytes(which, bm, has_shared, stages);
+      wide ? WideSmemBytes(has_shared, stages) : StreamSmemBytes(bm, has_shared, stages);
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&shape->blocks_per_sm, kernel,
                                                        shape->threads, shape->smem_bytes);
 }
 
-cudaError_t LaunchStreamGemmRole2(const LayerParams& params, GemmKernel which,
-                                  const Role2Shape& shape, int grid, cudaStream_t stream,
-                                  bool early, bool merge_tails) {
-  const StreamKernel kernel =
-      KernelFor(which, params.bm, params.dims.shared_intermediate > 0, merge_tails);
+cudaError_t LaunchGroupedGemmRole2(const LayerParams& params, const Role2Shape& shape, int grid,
+                                   cudaStream_t stream, bool early, bool merge_tails) {
+  const GemmKernelFn kernel =
+      KernelFor(params.bm, params.dims.shared_intermediate > 0, merge_tails);
   if (kernel == nullptr || params.r2_stages != shape.stages) return cudaErrorInvalidValue;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(grid));
