@@ -207,7 +207,7 @@ def main():
     ap.add_argument("--settle-ms", type=float, default=0.0,
                     help="untimed replays for this long first (the clocks sustained under load)")
     ap.add_argument("--sync-each", action="store_true",
-                    help="wait for every replay before the next (the timing before 2026-12-03)")
+                    help="wait for every replay before the next (serializes the replays)")
     ap.add_argument("--pad-groups", type=int, default=1,
                     help="pad every expert's group to a multiple of this many rows")
     ap.add_argument("--ours", help="JSON written by `gcmoe bench layer --json`")

@@ -85,7 +85,7 @@ __host__ __device__ constexpr int WideStagesAt(bool has_shared, int ctas) {
 // shared expert's E4M3 chunks. The kernel is bound by its warpgroups' latency, not by the ring's
 // depth: at two CTAs, 2 stages instead of 4 cost 1.03x, while a third CTA gains 1.07-1.10x
 // (one CTA of two warpgroups measured 1.34-1.39x slower than two; one CTA of four
-// with four-tile tasks sharing one ring 1.03-1.10x slower; docs/PERFORMANCE.md).
+// with four-tile tasks sharing one ring 1.03-1.10x slower; docs/DESIGN-NOTES.md).
 inline constexpr int kWideMaxCtasPerSm = 3;
 inline constexpr int kWideMinStages = 2;  // one to fill while the other is read or held
 __host__ __device__ constexpr int WideCtasPerSm(bool has_shared) {

@@ -1,7 +1,7 @@
 // A GPU's board energy and SM clock while `gcmoe bench layer` replays a step.
 //
 // Under sustained load the H200 holds its board at the power cap (700 W) by lowering the SM
-// clock, so a step's time there is its energy over the cap (docs/PERFORMANCE.md, session 22).
+// clock, so a step's time there is its energy over the cap (docs/PERFORMANCE.md).
 // GpuPowerMeter reads NVML's energy counter and clocks; NVML ships with the driver and is loaded
 // at run time, so a machine without it only loses these columns. PowerWindow turns the readings
 // taken between batches of replays into the average power: NVML updates the energy counter every

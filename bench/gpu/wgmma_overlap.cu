@@ -2,7 +2,7 @@
 //
 // The BM 64 role2 (kernels/bf16_wgmma_sm90.cuh) runs six warpgroups per SM, each repeating per
 // K32 block: decode (about 30 ALU / FMA-pipe instructions per warp), two register-A
-// wgmma m64n64k16 BF16, wait. Its probe builds (docs/PERFORMANCE.md, session 19) add up as if
+// wgmma m64n64k16 BF16, wait. Its timing probes (docs/DESIGN-NOTES.md) added up as if
 // the SM either decoded or multiplied, never both: wgmma alone plus decode alone equals both.
 // This tool measures that pattern alone, with no loads and no data dependence on memory:
 //   mode `alu`: each warpgroup runs X independent ALU instructions per iteration, nothing else;

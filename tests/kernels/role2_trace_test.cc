@@ -43,7 +43,7 @@ TEST(Role2TraceTest, SummarizesWaitsRunsAndTheSlowestTask) {
 
 TEST(Role2TaskCountTest, CountsW1AndW2TilesOfEveryBlock) {
   // The GLM-5.2 layer (H 6144, I 2048): 64 W1 and 96 W2 tiles per block. The block and task
-  // counts are the pairs the GPU's role2 trace reported on 2 x H200 (2026-11-29).
+  // counts are the pairs the GPU's role2 trace reported on 2 x H200.
   LayerDims glm;
   glm.hidden = 6144;
   glm.intermediate = 2048;
