@@ -3,7 +3,7 @@
 # build/tests/kernels/* with the shared libraries they need (BUNDLE/bin, BUNDLE/lib):
 #
 #   bench/gpu_checks.sh [STAGE...]     stages: sass ctest sanitizer bench peer serve ablate ab
-#                                      ncu source roles multi ep race trace
+#                                      ncu source roles servebench multi ep race trace
 #                                      (default: the first six)
 #
 # ab times this bundle's gcmoe against another build of it in the same call (AB_BASELINE: its
@@ -268,6 +268,31 @@ if has serve; then
   rc=$?
   tail -6 "$OUT/serve.log"
   note serve "$rc" "$(tail -1 "$OUT/serve.log")"
+fi
+
+# The service against its engine, both GPU slices: `bench layer` and `bench serve` in one call
+# (one call in flight at every T, unary and streamed; then 8 callers at T = 16 and 32 at T = 4).
+# The JSON goes to $OUT/serve-<slice>*.json.
+if has servebench; then
+  for slice in glm-5.2-ep8-rank deepseek-v4.1-flash-ep8-rank; do
+    cfg=config/examples/$slice.json
+    timeout 300 "$GCMOE" bench layer --config "$cfg" --tokens-per-rank 1,4,16,64,256 \
+      --settle-ms "$SETTLE_MS" > "$OUT/servebench-$slice-layer.log" 2>&1
+    note "layer-$slice" $? "$(grep -c . "$OUT/servebench-$slice-layer.log") lines"
+    timeout 400 "$GCMOE" bench serve --config "$cfg" --tokens-per-rank 1,4,16,64,256 \
+      --modes unary,stream --requests 300 --warmup 30 --json "$OUT/serve-$slice.json" \
+      > "$OUT/servebench-$slice.log" 2> "$OUT/servebench-$slice.err"
+    note "serve-$slice" $? "T 1..256, one call in flight"
+    timeout 300 "$GCMOE" bench serve --config "$cfg" --tokens-per-rank 16 --concurrency 1,8 \
+      --requests 400 --warmup 40 --json "$OUT/serve-$slice-c8.json" \
+      >> "$OUT/servebench-$slice.log" 2>> "$OUT/servebench-$slice.err"
+    note "serve-$slice-c8" $? "T 16, 8 callers"
+    timeout 300 "$GCMOE" bench serve --config "$cfg" --tokens-per-rank 4 --concurrency 1,32 \
+      --requests 800 --warmup 64 --json "$OUT/serve-$slice-c32.json" \
+      >> "$OUT/servebench-$slice.log" 2>> "$OUT/servebench-$slice.err"
+    note "serve-$slice-c32" $? "T 4, 32 callers"
+    cat "$OUT/servebench-$slice-layer.log" "$OUT/servebench-$slice.log"
+  done
 fi
 
 GPUS=$(nvidia-smi -L | wc -l)

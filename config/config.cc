@@ -104,6 +104,10 @@ ordered_json ServerJson(const ServerConfig& s) {
   j["max_queue"] = s.max_queue;
   j["startup_timeout_ms"] = s.startup_timeout_ms;
   j["step_timeout_ms"] = s.step_timeout_ms;
+  j["rank_io"] = s.rank_io;
+  j["batch_window_us"] = s.batch_window_us;
+  j["max_batch_calls"] = s.max_batch_calls;
+  j["echo"] = s.echo;
   return j;
 }
 

@@ -15,22 +15,22 @@
 namespace gcmoe::config {
 
 struct ModelConfig {
-  int hidden = 0;                   // model.hidden (H)
-  int intermediate = 0;             // model.intermediate (I)
-  int experts = 0;                  // model.experts (E)
-  int top_k = 0;                    // model.top_k
-  int layers = 0;                   // model.layers
-  int shared_intermediate = 0;      // model.shared_intermediate (0 = no shared expert)
-  float activation_alpha = 1.0f;    // model.activation.alpha
+  int hidden = 0;                         // model.hidden (H)
+  int intermediate = 0;                   // model.intermediate (I)
+  int experts = 0;                        // model.experts (E)
+  int top_k = 0;                          // model.top_k
+  int layers = 0;                         // model.layers
+  int shared_intermediate = 0;            // model.shared_intermediate (0 = no shared expert)
+  float activation_alpha = 1.0f;          // model.activation.alpha
   std::optional<float> activation_clamp;  // model.activation.clamp (null = none)
-  std::string weights;              // model.weights: "synthetic:SEED" or a safetensors path
+  std::string weights;                    // model.weights: "synthetic:SEED" or a safetensors path
 };
 
 struct ParallelConfig {
-  int ranks = 1;                    // parallel.ranks
-  std::vector<int> devices;         // parallel.devices: GPU per rank (cuda); default rank r: GPU r
-  bool restart_ranks = true;        // parallel.restart_ranks: `serve` restarts a dead rank
-  int restart_backoff_ms = 1000;    // parallel.restart_backoff_ms
+  int ranks = 1;                  // parallel.ranks
+  std::vector<int> devices;       // parallel.devices: GPU per rank (cuda); default rank r: GPU r
+  bool restart_ranks = true;      // parallel.restart_ranks: `serve` restarts a dead rank
+  int restart_backoff_ms = 1000;  // parallel.restart_backoff_ms
 };
 
 // engine.cuda: settings of the CUDA backend that an operator may tune. Experiment-only switches
@@ -57,10 +57,10 @@ struct CudaEngineConfig {
 };
 
 struct EngineConfig {
-  std::string backend = "cpu";      // engine.backend: "cpu" | "cuda"
-  int threads = 0;                  // engine.threads: CPU worker threads per rank, 0 = auto
-  int max_tokens_per_rank = 256;    // engine.max_tokens_per_rank: capacity of every buffer
-  int exchange_timeout_ms = 2000;   // engine.exchange_timeout_ms: longest wait on a peer
+  std::string backend = "cpu";     // engine.backend: "cpu" | "cuda"
+  int threads = 0;                 // engine.threads: CPU worker threads per rank, 0 = auto
+  int max_tokens_per_rank = 256;   // engine.max_tokens_per_rank: capacity of every buffer
+  int exchange_timeout_ms = 2000;  // engine.exchange_timeout_ms: longest wait on a peer
   // engine.dispatch_sms (cuda): SMs asked for the dispatch green context, the GEMM on the rest;
   // 0 (the default) = no partition, dispatch then GEMM on every SM: measured faster than every
   // split on an H200, one GPU and two (docs/DESIGN-NOTES.md)
@@ -72,31 +72,44 @@ struct EngineConfig {
 };
 
 struct BalancerConfig {
-  bool enabled = false;             // balancer.enabled
-  std::string topology = "ring";    // balancer.topology: "ring" | "cube" | "torus:AxB"
-  int replicas_per_rank = 2;        // balancer.replicas_per_rank (D)
-  int fractional_bits = 20;         // balancer.fractional_bits (F), the solver's fixed point
-  std::optional<int> passes = 12;   // balancer.passes: a count, or "auto" (nullopt)
+  bool enabled = false;               // balancer.enabled
+  std::string topology = "ring";      // balancer.topology: "ring" | "cube" | "torus:AxB"
+  int replicas_per_rank = 2;          // balancer.replicas_per_rank (D)
+  int fractional_bits = 20;           // balancer.fractional_bits (F), the solver's fixed point
+  std::optional<int> passes = 12;     // balancer.passes: a count, or "auto" (nullopt)
   std::string placement = "uniform";  // balancer.placement: "uniform" | "file" | "observed"
-  std::string placement_file;       // balancer.placement_file: mean loads [layers][experts]
-  int refit_steps = 0;              // balancer.refit_steps: refit every N steps ("observed")
+  std::string placement_file;         // balancer.placement_file: mean loads [layers][experts]
+  int refit_steps = 0;                // balancer.refit_steps: refit every N steps ("observed")
 };
 
 struct ServerConfig {
-  std::string listen = "127.0.0.1:50051";     // server.listen (host:port)
-  std::string rank_listen = "127.0.0.1:0";    // server.rank_listen: where ranks attach (0 = any)
-  std::string coordinator;                    // server.coordinator: address ranks dial
-  int64_t max_message_bytes = 0;    // server.max_message_bytes: 0 = derived from capacity
-  int default_deadline_ms = 30000;  // server.default_deadline_ms: when the client sets none
+  std::string listen = "127.0.0.1:50051";   // server.listen (host:port)
+  std::string rank_listen = "127.0.0.1:0";  // server.rank_listen: where ranks attach (0 = any)
+  std::string coordinator;                  // server.coordinator: address ranks dial
+  int64_t max_message_bytes = 0;            // server.max_message_bytes: 0 = derived from capacity
+  int default_deadline_ms = 30000;          // server.default_deadline_ms: when the client sets none
   int max_queue = 64;               // server.max_queue: Forward calls waiting for the engine
   int startup_timeout_ms = 120000;  // server.startup_timeout_ms: ranks must be ready by then
   int step_timeout_ms = 60000;      // server.step_timeout_ms: a step unanswered by then fails
+  // server.rank_io: how a rank on the coordinator's host gets its shards and returns its outputs:
+  // "auto" (shared memory the coordinator creates, pinned by the CUDA backend) or "inline" (in
+  // the control stream's messages, as for ranks on other hosts, which always use it).
+  std::string rank_io = "auto";
+  // server.batch_window_us: how long a step waits for more Forward calls to merge with before it
+  // starts. 0 (default): it merges only the calls already waiting, e.g. those that arrived while
+  // the previous step ran.
+  int batch_window_us = 0;
+  // server.max_batch_calls: most Forward calls merged into one step (1 = no merging). A step also
+  // never exceeds parallel.ranks x engine.max_tokens_per_rank tokens.
+  int max_batch_calls = 64;
+  // server.echo: serve the Echo method (the transport floor `gcmoe bench serve` measures).
+  bool echo = false;
 };
 
 struct LoggingConfig {
-  std::string level = "info";       // logging.level: trace|debug|info|warn|error
-  std::string format = "text";      // logging.format: "text" | "json"
-  std::string file;                 // logging.file: empty = stderr
+  std::string level = "info";   // logging.level: trace|debug|info|warn|error
+  std::string format = "text";  // logging.format: "text" | "json"
+  std::string file;             // logging.file: empty = stderr
 };
 
 struct Config {

@@ -159,6 +159,12 @@ void ReadServer(ObjectReader r, ServerConfig* s) {
   r.Int("max_queue", kPositive, &s->max_queue);
   r.Int("startup_timeout_ms", kPositiveMs, &s->startup_timeout_ms);
   r.Int("step_timeout_ms", kPositiveMs, &s->step_timeout_ms);
+  r.OneOf("rank_io", {"auto", "inline"}, &s->rank_io);
+  r.Int("batch_window_us", {.min = 0, .max = 1000000, .expected = "an integer in 0..1000000 (microseconds)"},
+        &s->batch_window_us);
+  r.Int("max_batch_calls", {.min = 1, .max = 4096, .expected = "an integer in 1..4096"},
+        &s->max_batch_calls);
+  r.Bool("echo", &s->echo);
   r.Finish();
 }
 

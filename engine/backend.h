@@ -37,8 +37,22 @@ struct StepContext {
 };
 
 struct StepOutput {
+  // Where the output goes: `destination` when the caller gives one (it must hold T_r x H x the
+  // output dtype's bytes, e.g. a slot of the rank's shared-memory I/O region), else `output`.
+  std::span<uint8_t> destination;
   std::vector<uint8_t> output;       // [T_r, H] BF16 or FP32, little-endian; storage reused
   int64_t assignments_computed = 0;  // routed assignments this rank computed (plus shared rows)
+  // Where the backend's time went (0 where a stage does not exist, e.g. copies on the CPU).
+  int64_t h2d_ns = 0;
+  int64_t device_ns = 0;
+  int64_t d2h_ns = 0;
+
+  // The [T_r, H] output of `bytes` bytes: `destination`, or `output` resized to it.
+  uint8_t* Prepare(size_t bytes) {
+    if (!destination.empty()) return destination.data();
+    output.resize(bytes);
+    return output.data();
+  }
 };
 
 // What a rank needs to reach its peers for one epoch.
@@ -101,6 +115,12 @@ class Backend {
 
   // Runs this rank's part of a step. Blocks until this rank's outputs are complete.
   virtual Status Step(const StepContext& ctx, StepOutput* out) = 0;
+
+  // Optional: host memory that steps will read inputs from and write outputs to, for as long as
+  // it stays mapped (the CUDA backend pins it so that copies are one DMA). Undone by
+  // UnregisterHostMemory before the memory is unmapped.
+  virtual Status RegisterHostMemory(void* /*data*/, size_t /*bytes*/) { return Status::Ok(); }
+  virtual void UnregisterHostMemory(void* /*data*/) {}
 
   // Thread-safe: makes the Step of this generation (or an earlier one) leave its waits and
   // return kAborted; a later step is unaffected, so an abort that races with the end of its

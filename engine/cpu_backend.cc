@@ -69,8 +69,7 @@ void ToFloats(DType dtype, const uint8_t* row, int n, float* out) {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const BackendOptions& options, std::unique_ptr<ShmExchange> exchange, int threads)
-      : options_(options), exchange_(std::move(exchange)), pool_(threads),
-        scratch_(pool_.size()) {
+      : options_(options), exchange_(std::move(exchange)), pool_(threads), scratch_(pool_.size()) {
     for (WorkerScratch& s : scratch_) {
       s.x_rows.resize(kRowsPerTask);
       s.scale_rows.resize(kRowsPerTask);
@@ -135,7 +134,7 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   std::vector<WorkerScratch> scratch_;
   std::vector<std::vector<std::unique_ptr<ExpertWeights>>> routed_;  // [layer][expert] or null
-  std::vector<std::unique_ptr<SharedExpertWeights>> shared_;        // [layer]
+  std::vector<std::unique_ptr<SharedExpertWeights>> shared_;         // [layer]
   std::atomic<uint64_t> abort_generation_{0};
 
   // Per-step work, storage reused across steps.
@@ -224,8 +223,8 @@ Status CpuBackend::CollectWork(const StepContext& ctx) {
         const int32_t e = ids[t * k + j];
         if (e < 0) continue;
         if (e >= E) {
-          return Internal("cpu backend: rank " + std::to_string(s) + " token " +
-                          std::to_string(t) + " routes to expert " + std::to_string(e));
+          return Internal("cpu backend: rank " + std::to_string(s) + " token " + std::to_string(t) +
+                          " routes to expert " + std::to_string(e));
         }
         const int64_t position = seen_[e]++;
         if (plan.ComputeRank(e, position) == me) {
@@ -250,7 +249,8 @@ Status CpuBackend::CollectWork(const StepContext& ctx) {
       return Internal("cpu backend: rank " + std::to_string(me) + " must compute expert " +
                       std::to_string(e) + " but holds no copy of it");
     }
-    for (int b = 0; b < n; b += kRowsPerTask) tasks_.push_back({e, b, std::min(n, b + kRowsPerTask)});
+    for (int b = 0; b < n; b += kRowsPerTask)
+      tasks_.push_back({e, b, std::min(n, b + kRowsPerTask)});
   }
   if (m.has_shared()) {
     for (int b = 0; b < ctx.num_tokens; b += kRowsPerTask) {
@@ -291,8 +291,8 @@ Status CpuBackend::Compute(const StepContext& ctx) {
       s.out_rows[r] = src.combine() + a.token * combine_row + static_cast<size_t>(a.slot) * H;
       s.route_weights[r] = a.weight;
     }
-    RoutedExpertFfn(m, *routed_[ctx.layer][task.expert], rows, s.x_rows.data(),
-                    s.scale_rows.data(), s.route_weights.data(), s.out_rows.data(), &s.ffn);
+    RoutedExpertFfn(m, *routed_[ctx.layer][task.expert], rows, s.x_rows.data(), s.scale_rows.data(),
+                    s.route_weights.data(), s.out_rows.data(), &s.ffn);
   });
   if (aborted(ctx.generation)) {
     return Aborted("step " + std::to_string(ctx.generation) + " aborted during compute");
@@ -308,7 +308,7 @@ void CpuBackend::Reduce(const StepContext& ctx, StepOutput* out) {
   const SegmentView self = exchange_->self();
   const size_t combine_row = static_cast<size_t>(k + 1) * H;
   const size_t out_bytes = ctx.output_fp32 ? 4 : 2;
-  out->output.resize(static_cast<size_t>(T) * H * out_bytes);
+  uint8_t* const output = out->Prepare(static_cast<size_t>(T) * H * out_bytes);
   pool_.ParallelFor(T, [&](int64_t t, int worker) {
     float* acc = scratch_[worker].staging.data();
     std::fill_n(acc, H, 0.0f);
@@ -320,7 +320,7 @@ void CpuBackend::Reduce(const StepContext& ctx, StepOutput* out) {
       const uint16_t* p = partials + static_cast<size_t>(j) * H;
       for (int i = 0; i < H; ++i) acc[i] += numerics::BF16ToFloat(p[i]);
     }
-    uint8_t* dst = out->output.data() + t * H * out_bytes;
+    uint8_t* dst = output + t * H * out_bytes;
     if (ctx.output_fp32) {
       std::memcpy(dst, acc, sizeof(float) * H);
     } else {
@@ -334,6 +334,7 @@ void CpuBackend::Reduce(const StepContext& ctx, StepOutput* out) {
 
 Status CpuBackend::Step(const StepContext& ctx, StepOutput* out) {
   GCMOE_RETURN_IF_ERROR(CheckStep(ctx));
+  const auto start = std::chrono::steady_clock::now();
   const WaitLimits limits{options_.exchange_timeout_ms, &abort_generation_};
   StageInputs(ctx);
   exchange_->PublishInputs(ctx.generation, ctx.num_tokens);
@@ -348,6 +349,11 @@ Status CpuBackend::Step(const StepContext& ctx, StepOutput* out) {
   int64_t computed = 0;
   for (const auto& w : work_) computed += static_cast<int64_t>(w.size());
   out->assignments_computed = computed;
+  out->h2d_ns = 0;
+  out->d2h_ns = 0;
+  out->device_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
   return Status::Ok();
 }
 
@@ -375,10 +381,9 @@ Result<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& options)
   if (options.max_tokens_per_rank <= 0) {
     return InvalidArgument("cpu backend: max_tokens_per_rank must be positive");
   }
-  const ExchangeShape shape{options.model.hidden, options.model.top_k,
-                            options.max_tokens_per_rank, options.world_size};
-  GCMOE_ASSIGN_OR_RETURN(auto exchange,
-                         ShmExchange::Create(options.instance, options.rank, shape));
+  const ExchangeShape shape{options.model.hidden, options.model.top_k, options.max_tokens_per_rank,
+                            options.world_size};
+  GCMOE_ASSIGN_OR_RETURN(auto exchange, ShmExchange::Create(options.instance, options.rank, shape));
   int threads = options.threads;
   if (threads <= 0) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

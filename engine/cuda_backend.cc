@@ -7,7 +7,6 @@
 #include <cstring>
 #include <thread>
 
-
 #include <cuda_runtime.h>
 #include <spdlog/spdlog.h>
 
@@ -55,15 +54,18 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   const CudaTuning& tuning = options.cuda;
   if (tuning.overlap_roles != "auto" && tuning.overlap_roles != "on" &&
       tuning.overlap_roles != "off") {
-    return InvalidArgument("cuda backend: engine.cuda.overlap_roles is \"auto\", \"on\" or "
-                           "\"off\", not \"" + tuning.overlap_roles + "\"");
+    return InvalidArgument(
+        "cuda backend: engine.cuda.overlap_roles is \"auto\", \"on\" or "
+        "\"off\", not \"" +
+        tuning.overlap_roles + "\"");
   }
   if (tuning.ring_blocks < 0 || tuning.role1_grid < 0 || tuning.wait_timeout_ms < 1 ||
       tuning.wait_sleep_cap_ns < static_cast<int>(kernels::kShortWaitSleepNs) ||
       tuning.wait_sleep_cap_ns > 1000000) {
     return InvalidArgument(
         "cuda backend: engine.cuda: ring_blocks and role1_grid >= 0, wait_timeout_ms >= 1, "
-        "wait_sleep_cap_ns in " + std::to_string(kernels::kShortWaitSleepNs) + "..1000000");
+        "wait_sleep_cap_ns in " +
+        std::to_string(kernels::kShortWaitSleepNs) + "..1000000");
   }
   if (m.hidden % 128 != 0 || m.intermediate % 128 != 0 || m.shared_intermediate % 128 != 0) {
     return InvalidArgument(
@@ -127,8 +129,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   // P > 1 runs the roles one after the other by default: overlapped, the 2 x H200 steps were
   // correct but slow and erratic (docs/DESIGN-NOTES.md, multi-GPU). Without a dispatch partition
   // the layer graph runs them in sequence whatever this says.
-  graph_options.sequential = tuning.overlap_roles == "auto" ? options.world_size > 1
-                                                            : tuning.overlap_roles == "off";
+  graph_options.sequential =
+      tuning.overlap_roles == "auto" ? options.world_size > 1 : tuning.overlap_roles == "off";
   graph_options.timeout_ns = static_cast<uint64_t>(tuning.wait_timeout_ms) * 1000000ull;
   graph_options.wait_sleep_ns = static_cast<uint32_t>(tuning.wait_sleep_cap_ns);
   graph_options.record_sm_ids = tuning.record_sm_ids;
@@ -149,6 +151,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   backend->wait_timeout_ = std::chrono::milliseconds(tuning.wait_timeout_ms);
   backend->ipc_name_ = CudaIpcRegionName(backend->graph_->exchange_base(),
                                          backend->graph_->exchange_bytes(), options.device);
+  for (cudaEvent_t& event : backend->stage_events_) {
+    err = cudaEventCreate(&event);
+    if (err != cudaSuccess) return CudaError("creating the stage timing events", err);
+  }
   return backend;
 }
 
@@ -163,6 +169,10 @@ Status CudaBackend::SelectDevice() const {
 CudaBackend::~CudaBackend() {
   cudaSetDevice(options_.device);
   graph_.reset();  // synchronizes before freeing the workspace
+  for (cudaEvent_t event : stage_events_) {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
+  for (void* data : registered_) cudaHostUnregister(data);
   nccl_.reset();
   ipc_peers_.Close();
   FreeWeights();
@@ -375,8 +385,10 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   const int H = m.hidden;
   const int k = m.top_k;
   const size_t out_bytes = ctx.output_fp32 ? 4 : 2;
-  out->output.resize(static_cast<size_t>(T) * H * out_bytes);
+  uint8_t* const output = out->Prepare(static_cast<size_t>(T) * H * out_bytes);
+  const size_t output_bytes = static_cast<size_t>(T) * H * out_bytes;
   out->assignments_computed = 0;
+  out->h2d_ns = out->device_ns = out->d2h_ns = 0;
   // With peers, a rank without tokens still computes theirs and meets them at the barriers.
   if (T == 0 && options_.world_size == 1) return Status::Ok();
 
@@ -416,8 +428,10 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
 
   cudaStream_t s = graph_->stream();
   const size_t in_bytes = static_cast<size_t>(T) * H * DTypeBytes(ctx.hidden.dtype);
-  cudaError_t err =
-      cudaMemcpyAsync(graph_->header(), &header, sizeof(header), cudaMemcpyHostToDevice, s);
+  cudaError_t err = cudaEventRecord(stage_events_[0], s);
+  if (err == cudaSuccess) {
+    err = cudaMemcpyAsync(graph_->header(), &header, sizeof(header), cudaMemcpyHostToDevice, s);
+  }
   if (err == cudaSuccess && !blocks.empty()) {
     err = cudaMemcpyAsync(graph_->blocks(), blocks.data(),
                           blocks.size() * sizeof(kernels::RingBlock), cudaMemcpyHostToDevice, s);
@@ -447,13 +461,15 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
     }
   }
   if (err == cudaSuccess && trace_role2_) err = graph_->ClearRole2Trace();
+  if (err == cudaSuccess) err = cudaEventRecord(stage_events_[1], s);
   Status nccl_status = Status::Ok();
   if (err == cudaSuccess) err = Launch(bm, &nccl_status);
   GCMOE_RETURN_IF_ERROR(nccl_status);
+  if (err == cudaSuccess) err = cudaEventRecord(stage_events_[2], s);
   if (err == cudaSuccess && T > 0) {
-    err = cudaMemcpyAsync(out->output.data(), graph_->output(), out->output.size(),
-                          cudaMemcpyDeviceToHost, s);
+    err = cudaMemcpyAsync(output, graph_->output(), output_bytes, cudaMemcpyDeviceToHost, s);
   }
+  if (err == cudaSuccess) err = cudaEventRecord(stage_events_[3], s);
   if (err != cudaSuccess) return CudaError("launching step " + std::to_string(ctx.generation), err);
   GCMOE_RETURN_IF_ERROR(Sync("step", ctx.generation));
   if (const std::string broken = graph_->BrokenCheck(); !broken.empty()) {
@@ -464,8 +480,34 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
     return Aborted("step " + std::to_string(ctx.generation) + " aborted");
   }
   out->assignments_computed = rows;
+  int64_t* const stages[3] = {&out->h2d_ns, &out->device_ns, &out->d2h_ns};
+  for (int i = 0; i < 3; ++i) {
+    float ms = 0.0f;
+    if (cudaEventElapsedTime(&ms, stage_events_[i], stage_events_[i + 1]) == cudaSuccess) {
+      *stages[i] = static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+    }
+  }
   if (trace_role2_) LogRole2Trace(header, ctx.generation);
   return Status::Ok();
+}
+
+Status CudaBackend::RegisterHostMemory(void* data, size_t bytes) {
+  std::lock_guard<std::mutex> lock(step_mutex_);
+  GCMOE_RETURN_IF_ERROR(SelectDevice());
+  const cudaError_t err = cudaHostRegister(data, bytes, cudaHostRegisterDefault);
+  if (err != cudaSuccess)
+    return CudaError("pinning " + std::to_string(bytes) + " bytes of host memory", err);
+  registered_.push_back(data);
+  return Status::Ok();
+}
+
+void CudaBackend::UnregisterHostMemory(void* data) {
+  std::lock_guard<std::mutex> lock(step_mutex_);
+  const auto it = std::find(registered_.begin(), registered_.end(), data);
+  if (it == registered_.end()) return;
+  cudaSetDevice(options_.device);
+  cudaHostUnregister(data);
+  registered_.erase(it);
 }
 
 void CudaBackend::LogRole2Trace(const kernels::StepHeader& header, uint64_t generation) const {

@@ -46,6 +46,8 @@ class CudaBackend final : public Backend {
   Status ConnectPeers(const PeerSetup& setup) override;
   bool needs_nccl() const override { return alltoall_; }
   Status Step(const StepContext& ctx, StepOutput* out) override;
+  Status RegisterHostMemory(void* data, size_t bytes) override;
+  void UnregisterHostMemory(void* data) override;
   void Abort(uint64_t generation) override;
 
   const kernels::GreenContextPair& partitions() const { return graph_->partitions(); }
@@ -114,6 +116,10 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> direct_rows_host_;  // BuildDirectRows
   AllToAllLayout records_;                 // the baseline's dispatch round
   AllToAllLayout partials_;                // and its return round
+  // Timing of a step's stages: before the uploads, after them, after the layer, after the
+  // output's copy back (StepOutput's h2d_ns, device_ns, d2h_ns).
+  cudaEvent_t stage_events_[4] = {};
+  std::vector<void*> registered_;  // RegisterHostMemory's pinned ranges
 };
 
 }  // namespace gcmoe::engine

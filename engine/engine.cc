@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include <spdlog/spdlog.h>
@@ -15,11 +16,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
   GCMOE_RETURN_IF_ERROR(model.Validate());
   if (placement.num_ranks != options.backend.world_size ||
       placement.num_experts != model.num_experts) {
-    return InvalidArgument("engine: placement is for " + std::to_string(placement.num_ranks) +
-                           " ranks and " + std::to_string(placement.num_experts) +
-                           " experts; the service has " +
-                           std::to_string(options.backend.world_size) + " and " +
-                           std::to_string(model.num_experts));
+    return InvalidArgument(
+        "engine: placement is for " + std::to_string(placement.num_ranks) + " ranks and " +
+        std::to_string(placement.num_experts) + " experts; the service has " +
+        std::to_string(options.backend.world_size) + " and " + std::to_string(model.num_experts));
   }
   std::unique_ptr<Engine> engine(new Engine());
   engine->options_ = options;
@@ -53,8 +53,8 @@ Status Engine::LoadHeldExperts() {
   GCMOE_RETURN_IF_ERROR(backend_->LoadExperts(*weights_, held_experts_));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  spdlog::info("rank {}: weights loaded in {:.2f} s ({} backend)", options_.backend.rank,
-               seconds, backend_name_);
+  spdlog::info("rank {}: weights loaded in {:.2f} s ({} backend)", options_.backend.rank, seconds,
+               backend_name_);
   return Status::Ok();
 }
 
@@ -76,9 +76,7 @@ Status Engine::SetPlacement(const balancer::Placement& placement) {
   return Status::Ok();
 }
 
-Status Engine::Connect(const PeerSetup& setup) {
-  return backend_->ConnectPeers(setup);
-}
+Status Engine::Connect(const PeerSetup& setup) { return backend_->ConnectPeers(setup); }
 
 Status Engine::Step(const StepRequest& request, StepOutput* output, StepStats* stats) {
   const auto start = std::chrono::steady_clock::now();
@@ -102,6 +100,13 @@ Status Engine::Step(const StepRequest& request, StepOutput* output, StepStats* s
   GCMOE_RETURN_IF_ERROR(balancer_->Solve(expert_totals_, &split_));
   GCMOE_RETURN_IF_ERROR(BuildStepPlan(request.tokens_per_rank, request.counts, experts,
                                       balancer_->placement(), split_, &plan_));
+  const size_t output_bytes = static_cast<size_t>(request.tokens_per_rank[me]) *
+                              options_.backend.model.hidden * (request.output_fp32 ? 4 : 2);
+  if (!output->destination.empty() && output->destination.size() < output_bytes) {
+    return InvalidArgument("engine: step " + std::to_string(request.generation) + " needs " +
+                           std::to_string(output_bytes) + " output bytes, its destination holds " +
+                           std::to_string(output->destination.size()));
+  }
   StepContext ctx;
   ctx.generation = request.generation;
   ctx.layer = request.layer;
@@ -117,9 +122,14 @@ Status Engine::Step(const StepRequest& request, StepOutput* output, StepStats* s
   stats->passes = split_.passes;
   stats->solve_ns = split_.solve_ns;
   stats->assignments_computed = output->assignments_computed;
-  stats->engine_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - start)
-                         .count();
+  stats->engine_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  stats->h2d_ns = output->h2d_ns;
+  stats->device_ns = output->device_ns;
+  stats->d2h_ns = output->d2h_ns;
+  stats->host_ns =
+      std::max<int64_t>(0, stats->engine_ns - stats->h2d_ns - stats->device_ns - stats->d2h_ns);
   return Status::Ok();
 }
 

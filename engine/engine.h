@@ -19,7 +19,7 @@
 namespace gcmoe::engine {
 
 struct EngineOptions {
-  BackendOptions backend;          // model, rank, world size, capacity, threads, ...
+  BackendOptions backend;            // model, rank, world size, capacity, threads, ...
   std::string backend_kind = "cpu";  // "cpu" | "cuda"
 };
 
@@ -32,7 +32,7 @@ struct StepRequest {
   const int32_t* topk_ids = nullptr;     // [T_r, k]
   const float* topk_weights = nullptr;   // [T_r, k]
   bool output_fp32 = false;
-  int relief_passes = 0;                 // passes the balancer runs this step; 0: its default
+  int relief_passes = 0;  // passes the balancer runs this step; 0: its default
 };
 
 struct StepStats {
@@ -40,8 +40,13 @@ struct StepStats {
   std::vector<int64_t> load_after;   // [P]
   int passes = 0;
   int64_t solve_ns = 0;
-  int64_t engine_ns = 0;             // this rank's whole step, solve included
+  int64_t engine_ns = 0;  // this rank's whole step, solve included
   int64_t assignments_computed = 0;
+  // engine_ns's parts: the host work (split, plan, step tables) and the backend's stages.
+  int64_t host_ns = 0;
+  int64_t h2d_ns = 0;
+  int64_t device_ns = 0;
+  int64_t d2h_ns = 0;
 };
 
 class Engine {
@@ -66,6 +71,12 @@ class Engine {
   const balancer::Placement& placement() const { return balancer_->placement(); }
 
   Status Step(const StepRequest& request, StepOutput* output, StepStats* stats);
+
+  // Host memory that steps read from and write to (StepOutput::destination); see Backend.
+  Status RegisterHostMemory(void* data, size_t bytes) {
+    return backend_->RegisterHostMemory(data, bytes);
+  }
+  void UnregisterHostMemory(void* data) { backend_->UnregisterHostMemory(data); }
 
   // Thread-safe: the step of this generation (or earlier) gives up as soon as it can.
   void Abort(uint64_t generation) { backend_->Abort(generation); }

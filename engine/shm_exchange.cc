@@ -1,11 +1,7 @@
 #include "engine/shm_exchange.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <new>
@@ -18,8 +14,6 @@ constexpr uint64_t kMagic = 0x65786f6d63672e31ull;  // "1.gcmoex"
 constexpr uint32_t kVersion = 1;
 
 size_t AlignUp(size_t n) { return (n + 63) & ~size_t{63}; }
-
-std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 // Spins briefly (steps are short), then yields, then sleeps, checking the deadline and the
 // abort generation as it goes. `what` names the wait in the error: which signal of which rank.
@@ -34,8 +28,7 @@ Status WaitUntil(Ready ready, uint64_t generation, const WaitLimits& limits,
     if ((spin & 63) == 0) {
       if (limits.abort_generation != nullptr &&
           limits.abort_generation->load(std::memory_order_acquire) >= generation) {
-        return Aborted("step " + std::to_string(generation) + " aborted while waiting for " +
-                       what);
+        return Aborted("step " + std::to_string(generation) + " aborted while waiting for " + what);
       }
       const auto now = Clock::now();
       if (now >= deadline) {
@@ -95,23 +88,8 @@ Result<std::unique_ptr<ShmExchange>> ShmExchange::Create(const std::string& inst
   // A segment left behind by an earlier incarnation of this rank (killed before it could
   // unlink) is replaced, never reused: its signals belong to another life.
   shm_unlink(name.c_str());
-  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return Unavailable(Errno("exchange: shm_open(" + name + ")"));
-  const size_t bytes = ex->layout_.total_bytes;
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const Status s = Unavailable(Errno("exchange: sizing " + name + " to " +
-                                       std::to_string(bytes) + " bytes"));
-    close(fd);
-    shm_unlink(name.c_str());
-    return s;
-  }
-  void* addr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (addr == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    return Unavailable(Errno("exchange: mmap " + name));
-  }
-  ex->own_ = {addr, bytes};
+  GCMOE_ASSIGN_OR_RETURN(ex->own_, SharedMemory::Create(name, ex->layout_.total_bytes));
+  void* addr = ex->own_->data();
   auto* header = new (addr) SegmentView::Header{};
   header->magic = kMagic;
   header->version = kVersion;
@@ -123,22 +101,18 @@ Result<std::unique_ptr<ShmExchange>> ShmExchange::Create(const std::string& inst
   header->num_tokens.store(0, std::memory_order_relaxed);
   ex->views_.assign(shape.world_size, SegmentView{});
   ex->views_[rank] = SegmentView{header, static_cast<uint8_t*>(addr), &ex->layout_};
-  ex->peer_maps_.assign(shape.world_size, Mapping{});
+  ex->peer_maps_.resize(shape.world_size);
   return ex;
 }
 
 ShmExchange::~ShmExchange() {
   UnmapPeers();
-  if (own_.addr != nullptr) {
-    munmap(own_.addr, own_.bytes);
-    shm_unlink(name_.c_str());
-  }
+  own_.reset();  // unmaps and unlinks
 }
 
 void ShmExchange::UnmapPeers() {
   for (int r = 0; r < static_cast<int>(peer_maps_.size()); ++r) {
-    if (peer_maps_[r].addr != nullptr) munmap(peer_maps_[r].addr, peer_maps_[r].bytes);
-    peer_maps_[r] = Mapping{};
+    peer_maps_[r].reset();
     if (r != rank_) views_[r] = SegmentView{};
   }
   connected_ = false;
@@ -158,34 +132,24 @@ Status ShmExchange::Connect(std::span<const std::string> peer_names) {
   for (int r = 0; r < world; ++r) {
     if (r == rank_) continue;
     const std::string& peer = peer_names[r];
-    const int fd = shm_open(peer.c_str(), O_RDWR, 0);
-    if (fd < 0) {
-      const Status s = Unavailable(Errno("exchange: opening rank " + std::to_string(r) +
-                                         "'s segment " + peer));
+    Result<std::unique_ptr<SharedMemory>> mapped = SharedMemory::Open(peer, layout_.total_bytes);
+    if (!mapped.ok()) {
       UnmapPeers();
-      return s;
+      if (mapped.status().code() == StatusCode::kFailedPrecondition) {
+        return FailedPrecondition("exchange: rank " + std::to_string(r) + "'s segment " + peer +
+                                  " has another size: its model or capacity differs");
+      }
+      return Unavailable("exchange: rank " + std::to_string(r) +
+                         "'s segment: " + mapped.status().message());
     }
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != layout_.total_bytes) {
-      close(fd);
-      UnmapPeers();
-      return FailedPrecondition("exchange: rank " + std::to_string(r) + "'s segment " + peer +
-                                " has another size: its model or capacity differs");
-    }
-    void* addr = mmap(nullptr, layout_.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (addr == MAP_FAILED) {
-      const Status s = Unavailable(Errno("exchange: mmap " + peer));
-      UnmapPeers();
-      return s;
-    }
-    peer_maps_[r] = {addr, layout_.total_bytes};
+    peer_maps_[r] = std::move(*mapped);
+    void* addr = peer_maps_[r]->data();
     auto* header = static_cast<SegmentView::Header*>(addr);
     if (header->magic != kMagic || header->version != kVersion || header->rank != r ||
         !(header->shape == layout_.shape)) {
       UnmapPeers();
-      return FailedPrecondition("exchange: segment " + peer + " is not rank " +
-                                std::to_string(r) + "'s segment of this service");
+      return FailedPrecondition("exchange: segment " + peer + " is not rank " + std::to_string(r) +
+                                "'s segment of this service");
     }
     views_[r] = SegmentView{header, static_cast<uint8_t*>(addr), &layout_};
   }

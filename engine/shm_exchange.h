@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "common/shared_memory.h"
 #include "common/status.h"
 
 namespace gcmoe::engine {
@@ -119,19 +120,15 @@ class ShmExchange {
   Status WaitCombineAndReset(uint64_t generation, const WaitLimits& limits);
 
  private:
-  struct Mapping {
-    void* addr = nullptr;
-    size_t bytes = 0;
-  };
   ShmExchange(std::string name, int rank, const ExchangeLayout& layout);
   void UnmapPeers();
 
   std::string name_;
   int rank_ = 0;
   ExchangeLayout layout_;
-  Mapping own_;
-  std::vector<Mapping> peer_maps_;  // [P]; own rank's entry stays empty
-  std::vector<SegmentView> views_;  // [P]
+  std::unique_ptr<SharedMemory> own_;
+  std::vector<std::unique_ptr<SharedMemory>> peer_maps_;  // [P]; own rank's entry stays empty
+  std::vector<SegmentView> views_;                        // [P]
   bool connected_ = false;
 };
 

@@ -1,6 +1,9 @@
 #include "server/coordinator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 
 #include <spdlog/spdlog.h>
 
@@ -15,22 +18,50 @@ int64_t Nanos(Coordinator::Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
 }
 
-// Copies rows [begin, begin + rows) of a row-major tensor into `out` (same dtype).
-void SliceRows(const gcmoe::v1::Tensor& t, int64_t begin, int64_t rows, gcmoe::v1::Tensor* out) {
-  out->set_dtype(t.dtype());
-  out->add_shape(rows);
-  out->add_shape(t.shape(1));
-  const int64_t row_bytes = t.shape(0) > 0 ? static_cast<int64_t>(t.data().size()) / t.shape(0)
-                                           : 0;
-  out->set_data(t.data().substr(begin * row_bytes, rows * row_bytes));
+// The host's monotonic clock, as the ranks stamp their StepResults with it.
+int64_t MonotonicNs() { return Nanos(Coordinator::Clock::now().time_since_epoch()); }
+
+std::string HostName() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+// The bytes of one row of each tensor a shard carries.
+struct RowBytes {
+  size_t hidden = 0;
+  size_t scales = 0;  // FP8 hidden only
+  size_t ids = 0;
+  size_t weights = 0;
+};
+
+RowBytes RowBytesOf(const ValidatedForward& validated, int hidden, int top_k) {
+  RowBytes b;
+  b.hidden = static_cast<size_t>(hidden) * engine::DTypeBytes(validated.hidden_dtype);
+  b.scales = validated.hidden_dtype == engine::DType::kFP8E4M3 ? hidden / 32 : 0;
+  b.ids = static_cast<size_t>(top_k) * sizeof(int32_t);
+  b.weights = static_cast<size_t>(top_k) * sizeof(float);
+  return b;
+}
+
+// Calls can share a step when the ranks would run them the same way.
+bool Mergeable(const gcmoe::v1::ForwardRequest& a, const ValidatedForward& va,
+               const gcmoe::v1::ForwardRequest& b, const ValidatedForward& vb) {
+  return a.layer() == b.layer() && va.hidden_dtype == vb.hidden_dtype &&
+         va.output_fp32 == vb.output_fp32;
 }
 
 }  // namespace
 
-Coordinator::Coordinator(const CoordinatorOptions& options,
-                         std::unique_ptr<BalancePlanner> planner, ServiceStats* stats)
-    : options_(options), stats_(stats), planner_(std::move(planner)), slots_(options.world_size) {
+Coordinator::Coordinator(const CoordinatorOptions& options, std::unique_ptr<BalancePlanner> planner,
+                         ServiceStats* stats)
+    : options_(options),
+      stats_(stats),
+      planner_(std::move(planner)),
+      slots_(options.world_size),
+      host_(HostName()) {
   watchdog_ = std::thread([this] { WatchdogLoop(); });
+  stepper_ = std::thread([this] { StepperLoop(); });
 }
 
 Coordinator::~Coordinator() {
@@ -39,6 +70,8 @@ Coordinator::~Coordinator() {
     stop_ = true;
   }
   cv_.notify_all();
+  work_cv_.notify_all();
+  stepper_.join();
   watchdog_.join();
 }
 
@@ -113,11 +146,21 @@ void Coordinator::MaybeStartEpochLocked(Outbox* outbox) {
     if (id.ok()) {
       setup->set_nccl_unique_id(*id);
     } else {
-      spdlog::error("epoch {}: no NCCL unique id for the ranks: {}", epoch_, id.status().ToString());
+      spdlog::error("epoch {}: no NCCL unique id for the ranks: {}", epoch_,
+                    id.status().ToString());
     }
   }
   for (Slot& slot : slots_) {
     slot.ready = false;
+    if (slot.io) {
+      setup->set_io_region(slot.io->name());
+      setup->set_io_slots(static_cast<uint32_t>(slot.io->layout().slots));
+      setup->set_io_bytes(slot.io->bytes());
+    } else {
+      setup->clear_io_region();
+      setup->clear_io_slots();
+      setup->clear_io_bytes();
+    }
     outbox->emplace_back(slot.session, message);
   }
   spdlog::info("epoch {}: connecting {} rank(s)", epoch_, options_.world_size);
@@ -141,6 +184,19 @@ Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
                               options_.config_digest +
                               "): model, parallel, engine and balancer sections must match");
   }
+  // A rank on this host gets its shards through shared memory; one elsewhere in its messages.
+  std::shared_ptr<RankIo> io;
+  if (options_.shared_memory_io && hello.host() == host_) {
+    Result<std::unique_ptr<RankIo>> created = RankIo::Create(
+        session->rank(), RankIoLayout::For(options_.max_tokens_per_rank, options_.hidden,
+                                           options_.top_k, RankIo::kSlots));
+    if (created.ok()) {
+      io = std::move(*created);
+    } else {
+      spdlog::warn("{}: no shared-memory I/O region ({}); its tensors go inline",
+                   session->Describe(), created.status().ToString());
+    }
+  }
   Outbox outbox;
   std::shared_ptr<RankSession> replaced;
   {
@@ -160,15 +216,18 @@ Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
     }
     slot.session = session;
     slot.ready = false;
+    slot.io = std::move(io);
     ++slot.registrations;
     reconfiguring_ = false;
     SetServingLocked(false);
-    spdlog::info("{} attached (transport {}){}", session->Describe(), session->transport_name(),
+    spdlog::info("{} attached (transport {}, {}){}", session->Describe(), session->transport_name(),
+                 slot.io ? "I/O through " + slot.io->name() : std::string("I/O inline"),
                  slot.registrations > 1 ? " after a restart" : "");
     MaybeFinishFailedStepLocked(&outbox);
     MaybeStartEpochLocked(&outbox);
   }
   cv_.notify_all();
+  work_cv_.notify_all();
   if (replaced) replaced->Cancel();
   Deliver(&outbox);
   NotifyServing();
@@ -203,6 +262,12 @@ void Coordinator::OnMessage(const std::shared_ptr<RankSession>& session,
         outbox.clear();
         session->Cancel();  // it re-attaches (or is restarted) and a new epoch retries
       } else {
+        if (!ready.io_error().empty() && slots_[r].io) {
+          // It serves, with its tensors inline (from the next step: none is in flight now).
+          spdlog::warn("{} cannot map its I/O region ({}); its tensors go inline",
+                       session->Describe(), ready.io_error());
+          slots_[r].io.reset();
+        }
         slots_[r].ready = true;
         if (ReadyCountLocked() == options_.world_size) {
           epoch_pending_ = false;
@@ -215,6 +280,7 @@ void Coordinator::OnMessage(const std::shared_ptr<RankSession>& session,
       if (in_flight_.active && result.generation() == in_flight_.generation &&
           !in_flight_.reported[r]) {
         in_flight_.results[r] = result;
+        in_flight_.arrived_ns[r] = MonotonicNs();
         in_flight_.reported[r] = true;
         --in_flight_.pending;
         if (result.code() != 0) {
@@ -226,6 +292,7 @@ void Coordinator::OnMessage(const std::shared_ptr<RankSession>& session,
     }
   }
   cv_.notify_all();
+  work_cv_.notify_all();
   Deliver(&outbox);
   NotifyServing();
 }
@@ -238,6 +305,7 @@ void Coordinator::Unregister(const std::shared_ptr<RankSession>& session) {
     if (slots_[r].session == session) {
       slots_[r].session.reset();
       slots_[r].ready = false;
+      slots_[r].io.reset();  // a step still using it holds its own reference
       reconfiguring_ = false;
       spdlog::warn("{} disconnected", session->Describe());
       SetServingLocked(false);
@@ -251,78 +319,285 @@ void Coordinator::Unregister(const std::shared_ptr<RankSession>& session) {
     }
   }
   cv_.notify_all();
+  work_cv_.notify_all();
   Deliver(&outbox);
   NotifyServing();
-}
-
-void Coordinator::ReleaseTurnLocked() {
-  ++now_serving_;
-  while (abandoned_.erase(now_serving_) > 0) ++now_serving_;
-  cv_.notify_all();
 }
 
 Status Coordinator::Forward(const gcmoe::v1::ForwardRequest& request,
                             const ValidatedForward& validated, Clock::time_point deadline,
                             const std::function<bool()>& cancelled,
                             gcmoe::v1::ForwardResponse* response) {
-  const auto start = Clock::now();
+  Call call;
+  call.request = &request;
+  call.validated = &validated;
+  call.response = response;
+  call.arrived = Clock::now();
+  call.deadline = deadline;
   std::unique_lock<std::mutex> lock(mu_);
   if (draining_) return Unavailable("the service is shutting down");
-  if (waiting_ >= options_.max_queue) {
-    return ResourceExhausted("the request queue is full (" + std::to_string(waiting_) +
+  if (static_cast<int>(pending_.size()) >= options_.max_queue) {
+    return ResourceExhausted("the request queue is full (" + std::to_string(pending_.size()) +
                              " calls waiting; server.max_queue)");
   }
-  const uint64_t ticket = next_ticket_++;
-  ++waiting_;
-  while (now_serving_ != ticket) {
-    cv_.wait_for(lock, std::chrono::milliseconds(50));
-    if (now_serving_ == ticket) break;
+  pending_.push_back(&call);
+  work_cv_.notify_one();
+  // Synchronous gRPC has no cancellation callback, so a waiting call looks at its own
+  // cancellation now and then; nothing else wakes it but its own answer.
+  constexpr auto kCancelPoll = std::chrono::milliseconds(100);
+  while (call.state == Call::State::kWaiting) {
+    call.done.wait_until(lock, std::min(deadline, Clock::now() + kCancelPoll));
+    if (call.state != Call::State::kWaiting) break;
     const bool expired = Clock::now() >= deadline;
     if (expired || cancelled()) {
-      --waiting_;
-      abandoned_.insert(ticket);
+      pending_.erase(std::find(pending_.begin(), pending_.end(), &call));
+      cv_.notify_all();  // a drain may be waiting for the queue to empty
       if (expired) {
         return DeadlineExceeded("the deadline passed while the call waited for earlier steps");
       }
       return Aborted("the call was cancelled while it waited for earlier steps");
     }
   }
-  --waiting_;
-  // A planned new epoch (a refitted placement) is waited out, not failed.
-  while (reconfiguring_ && !serving_ && Clock::now() < deadline && !cancelled()) {
-    cv_.wait_for(lock, std::chrono::milliseconds(20));
-  }
-  // Calls admitted before a drain began still run: draining refuses only new admissions.
-  Status status;
-  StepRecord record;
-  if (Clock::now() >= deadline) {
-    status = DeadlineExceeded("the deadline passed while the call waited for earlier steps");
-  } else if (!serving_) {
-    status = Unavailable(std::to_string(ReadyCountLocked()) + " of " +
-                         std::to_string(options_.world_size) +
-                         " rank(s) ready; the service is not serving");
-  } else {
-    lock.unlock();
-    const auto step_start = Clock::now();
-    status = RunStep(request, validated, response, &record);
-    if (status.ok()) {
-      gcmoe::v1::ForwardStats* stats = response->mutable_stats();
-      stats->set_queue_ns(Nanos(step_start - start));
-      stats->set_total_ns(Nanos(Clock::now() - start));
-      record.total_ns = stats->total_ns();
-      stats_->RecordSuccess(record);
-    }
-    lock.lock();
-  }
-  ReleaseTurnLocked();
-  return status;
+  // Once in a step, the step reads the request: the call waits for its end (bounded by
+  // server.step_timeout_ms), whatever its deadline.
+  call.done.wait(lock, [&call] { return call.state == Call::State::kDone; });
+  return call.status;
 }
 
-Status Coordinator::RunStep(const gcmoe::v1::ForwardRequest& request,
-                            const ValidatedForward& validated,
-                            gcmoe::v1::ForwardResponse* response, StepRecord* record) {
+std::vector<Coordinator::Call*> Coordinator::TakeBatchLocked() {
+  std::vector<Call*> batch;
+  Call* first = pending_.front();
+  const int max_tokens = options_.world_size * options_.max_tokens_per_rank;
+  int tokens = 0;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    Call* call = *it;
+    const bool fits =
+        static_cast<int>(batch.size()) < options_.max_batch_calls &&
+        tokens + call->validated->num_tokens <= max_tokens &&
+        Mergeable(*first->request, *first->validated, *call->request, *call->validated);
+    if (!fits) {
+      ++it;
+      continue;
+    }
+    tokens += call->validated->num_tokens;
+    call->state = Call::State::kRunning;
+    batch.push_back(call);
+    it = pending_.erase(it);
+  }
+  return batch;
+}
+
+void Coordinator::StepperLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    work_cv_.wait(lock, [this] { return stop_ || !pending_.empty(); });
+    if (stop_) break;
+    // A planned new epoch (a refitted placement) is waited out, not failed.
+    if (reconfiguring_ && !serving_) {
+      work_cv_.wait_for(lock, std::chrono::milliseconds(20));
+      continue;
+    }
+    if (options_.batch_window.count() > 0) {
+      // Give calls arriving within the window a place in this step.
+      const auto until = pending_.front()->arrived + options_.batch_window;
+      work_cv_.wait_until(lock, until, [this] {
+        return stop_ || pending_.empty() ||
+               static_cast<int>(pending_.size()) >= options_.max_batch_calls;
+      });
+      if (stop_) break;
+      if (pending_.empty()) continue;
+    }
+    std::vector<Call*> batch = TakeBatchLocked();
+    stepping_ = true;
+    // Calls admitted before a drain began still run: draining refuses only new admissions.
+    Status status;
+    if (!serving_) {
+      status = Unavailable(std::to_string(ReadyCountLocked()) + " of " +
+                           std::to_string(options_.world_size) +
+                           " rank(s) ready; the service is not serving");
+    } else {
+      // A call whose deadline passed while it waited is answered so, not run.
+      const auto now = Clock::now();
+      std::vector<Call*> live;
+      for (Call* call : batch) {
+        if (now >= call->deadline) {
+          call->status =
+              DeadlineExceeded("the deadline passed while the call waited for earlier steps");
+          call->state = Call::State::kDone;
+          call->done.notify_one();
+        } else {
+          live.push_back(call);
+        }
+      }
+      batch.swap(live);
+      if (!batch.empty()) {
+        lock.unlock();
+        status = RunStep(batch);
+        lock.lock();
+      }
+    }
+    for (Call* call : batch) {
+      call->status = status;
+      call->state = Call::State::kDone;
+      call->done.notify_one();
+    }
+    stepping_ = false;
+    cv_.notify_all();  // a drain may be waiting for the step
+  }
+  // Shutting down: no call is left waiting for a stepper that has gone.
+  for (Call* call : pending_) {
+    call->status = Unavailable("the service is shutting down");
+    call->state = Call::State::kDone;
+    call->done.notify_one();
+  }
+  pending_.clear();
+}
+
+void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<Piece>& pieces,
+                             RankIo* io, int io_slot, internal::Step* step) {
+  const ValidatedForward& v = *calls.front()->validated;
+  const gcmoe::v1::ForwardRequest& first = *calls.front()->request;
+  const int H = static_cast<int>(first.hidden().shape(1));
+  const int k = static_cast<int>(first.topk_ids().shape(1));
+  const RowBytes rb = RowBytesOf(v, H, k);
+  int64_t rows = 0;
+  for (const Piece& p : pieces) rows = std::max(rows, p.shard_row + p.rows);
+  const bool fp8 = rb.scales > 0;
+  // Tensors carry dtype and shape; their bytes go to the RankIo slot when there is one.
+  auto describe = [rows](gcmoe::v1::Tensor* t, gcmoe::v1::DType dtype, int64_t cols) {
+    t->set_dtype(dtype);
+    t->add_shape(rows);
+    t->add_shape(cols);
+  };
+  describe(step->mutable_hidden(), first.hidden().dtype(), H);
+  if (fp8) describe(step->mutable_hidden_scales(), gcmoe::v1::UE8M0, H / 32);
+  describe(step->mutable_topk_ids(), gcmoe::v1::INT32, k);
+  describe(step->mutable_topk_weights(), gcmoe::v1::FP32, k);
+  uint8_t* dst_hidden;
+  uint8_t* dst_scales = nullptr;
+  uint8_t* dst_ids;
+  uint8_t* dst_weights;
+  if (io != nullptr) {
+    step->set_io(true);
+    step->set_io_slot(static_cast<uint32_t>(io_slot));
+    dst_hidden = io->hidden(io_slot);
+    dst_scales = io->scales(io_slot);
+    dst_ids = io->ids(io_slot);
+    dst_weights = io->weights(io_slot);
+  } else {
+    auto sized = [rows](gcmoe::v1::Tensor* t, size_t row_bytes) {
+      std::string* data = t->mutable_data();
+      data->resize(static_cast<size_t>(rows) * row_bytes);
+      return reinterpret_cast<uint8_t*>(data->data());
+    };
+    dst_hidden = sized(step->mutable_hidden(), rb.hidden);
+    if (fp8) dst_scales = sized(step->mutable_hidden_scales(), rb.scales);
+    dst_ids = sized(step->mutable_topk_ids(), rb.ids);
+    dst_weights = sized(step->mutable_topk_weights(), rb.weights);
+  }
+  for (const Piece& p : pieces) {
+    const gcmoe::v1::ForwardRequest& r = *calls[p.call]->request;
+    auto copy = [&p](uint8_t* dst, const std::string& src, size_t row_bytes) {
+      std::memcpy(dst + p.shard_row * row_bytes, src.data() + p.call_row * row_bytes,
+                  p.rows * row_bytes);
+    };
+    copy(dst_hidden, r.hidden().data(), rb.hidden);
+    if (fp8) copy(dst_scales, r.hidden_scales().data(), rb.scales);
+    copy(dst_ids, r.topk_ids().data(), rb.ids);
+    copy(dst_weights, r.topk_weights().data(), rb.weights);
+  }
+}
+
+Status Coordinator::AssembleOutputs(const std::vector<Call*>& calls,
+                                    const std::vector<std::vector<Piece>>& pieces,
+                                    const std::vector<std::shared_ptr<RankIo>>& ios, int io_slot,
+                                    const std::vector<internal::StepResult>& results,
+                                    uint64_t generation) {
+  const bool fp32 = calls.front()->validated->output_fp32;
+  const size_t row_bytes = static_cast<size_t>(options_.hidden) * (fp32 ? 4 : 2);
+  std::vector<uint8_t*> outputs(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    gcmoe::v1::Tensor* output = calls[i]->response->mutable_output();
+    output->set_dtype(fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
+    output->add_shape(calls[i]->validated->num_tokens);
+    output->add_shape(options_.hidden);
+    std::string* data = output->mutable_data();
+    data->resize(static_cast<size_t>(calls[i]->validated->num_tokens) * row_bytes);
+    outputs[i] = reinterpret_cast<uint8_t*>(data->data());
+  }
+  for (size_t r = 0; r < pieces.size(); ++r) {
+    const uint8_t* src;
+    if (ios[r]) {
+      src = ios[r]->output(io_slot);
+    } else {
+      int64_t rows = 0;
+      for (const Piece& p : pieces[r]) rows += p.rows;
+      const std::string& data = results[r].output().data();
+      if (data.size() != static_cast<size_t>(rows) * row_bytes) {
+        return Internal("step " + std::to_string(generation) + ": rank " + std::to_string(r) +
+                        " returned " + std::to_string(data.size()) + " output bytes, expected " +
+                        std::to_string(rows * row_bytes));
+      }
+      src = reinterpret_cast<const uint8_t*>(data.data());
+    }
+    for (const Piece& p : pieces[r]) {
+      std::memcpy(outputs[p.call] + p.call_row * row_bytes, src + p.shard_row * row_bytes,
+                  p.rows * row_bytes);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Coordinator::RunStep(const std::vector<Call*>& calls) {
   const int P = options_.world_size;
+  const int E = options_.experts;
+  const auto step_start = Clock::now();
+  // The step's tokens are the calls' tokens in order, split into P contiguous shards.
+  int total = 0;
+  for (const Call* c : calls) total += c->validated->num_tokens;
+  const std::vector<int> tokens_per_rank =
+      calls.size() == 1 ? calls.front()->validated->tokens_per_rank : ShardSizes(total, P);
+  std::vector<std::vector<Piece>> pieces(P);
+  {
+    int r = 0;
+    int64_t shard_begin = 0;
+    int64_t global = 0;
+    for (int i = 0; i < static_cast<int>(calls.size()); ++i) {
+      const int64_t n = calls[i]->validated->num_tokens;
+      int64_t row = 0;
+      while (row < n) {
+        while (global >= shard_begin + tokens_per_rank[r]) shard_begin += tokens_per_rank[r++];
+        const int64_t take = std::min(n - row, shard_begin + tokens_per_rank[r] - global);
+        pieces[r].push_back(Piece{i, row, global - shard_begin, take});
+        row += take;
+        global += take;
+      }
+    }
+  }
+  // C[src][expert] of the merged step (a call alone brings its own from validation).
+  std::vector<int64_t> merged_counts;
+  if (calls.size() > 1) {
+    merged_counts.assign(static_cast<size_t>(P) * E, 0);
+    for (int r = 0; r < P; ++r) {
+      for (const Piece& p : pieces[r]) {
+        const gcmoe::v1::Tensor& ids = calls[p.call]->request->topk_ids();
+        const int k = static_cast<int>(ids.shape(1));
+        const auto* data = reinterpret_cast<const int32_t*>(ids.data().data());
+        for (int64_t t = p.call_row; t < p.call_row + p.rows; ++t) {
+          for (int j = 0; j < k; ++j) {
+            int32_t e;
+            std::memcpy(&e, data + t * k + j, sizeof(e));
+            if (e >= 0) ++merged_counts[static_cast<size_t>(r) * E + e];
+          }
+        }
+      }
+    }
+  }
+  const std::vector<int64_t>& counts =
+      calls.size() == 1 ? calls.front()->validated->counts : merged_counts;
+
   std::vector<std::shared_ptr<RankSession>> sessions(P);
+  std::vector<std::shared_ptr<RankIo>> ios(P);
   uint64_t generation;
   uint64_t epoch;
   int passes;
@@ -339,31 +614,28 @@ Status Coordinator::RunStep(const gcmoe::v1::ForwardRequest& request,
     in_flight_.reported.assign(P, false);
     in_flight_.pending = P;
     in_flight_.results.resize(P);
-    for (int r = 0; r < P; ++r) sessions[r] = slots_[r].session;
+    in_flight_.arrived_ns.assign(P, 0);
+    for (int r = 0; r < P; ++r) {
+      sessions[r] = slots_[r].session;
+      ios[r] = slots_[r].io;
+    }
   }
-
-  // Shard by source rank: contiguous token ranges, with the count matrix every rank needs.
-  int64_t begin = 0;
+  const int io_slot = static_cast<int>(generation % RankIo::kSlots);
+  const gcmoe::v1::ForwardRequest& first = *calls.front()->request;
+  const bool output_fp32 = calls.front()->validated->output_fp32;
   for (int r = 0; r < P; ++r) {
-    const int64_t rows = validated.tokens_per_rank[r];
     internal::CoordinatorMessage message;
     internal::Step* step = message.mutable_step();
     step->set_generation(generation);
     step->set_epoch(epoch);
-    step->set_layer(request.layer());
-    SliceRows(request.hidden(), begin, rows, step->mutable_hidden());
-    if (request.hidden().dtype() == gcmoe::v1::FP8_E4M3) {
-      SliceRows(request.hidden_scales(), begin, rows, step->mutable_hidden_scales());
-    }
-    SliceRows(request.topk_ids(), begin, rows, step->mutable_topk_ids());
-    SliceRows(request.topk_weights(), begin, rows, step->mutable_topk_weights());
-    step->set_output_dtype(validated.output_fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
-    for (int t : validated.tokens_per_rank) step->add_tokens_per_rank(static_cast<uint32_t>(t));
-    for (int64_t c : validated.counts) step->add_counts(c);
-    step->set_request_id(request.request_id());
+    step->set_layer(first.layer());
+    WriteShard(calls, pieces[r], ios[r].get(), io_slot, step);
+    step->set_output_dtype(output_fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
+    for (int t : tokens_per_rank) step->add_tokens_per_rank(static_cast<uint32_t>(t));
+    step->mutable_counts()->Assign(counts.begin(), counts.end());
+    step->set_request_id(first.request_id());
     step->set_relief_passes(static_cast<uint32_t>(passes));
     step->set_placement_version(placement_version);
-    begin += rows;
     if (!sessions[r] || !sessions[r]->Send(message)) {
       std::lock_guard<std::mutex> lock(mu_);
       if (!in_flight_.reported[r]) {
@@ -373,6 +645,7 @@ Status Coordinator::RunStep(const gcmoe::v1::ForwardRequest& request,
       FailInFlightLocked(Unavailable("rank " + std::to_string(r) + "'s control stream is closed"));
     }
   }
+  const int64_t sent_ns = Nanos(step_start.time_since_epoch());
 
   std::unique_lock<std::mutex> lock(mu_);
   const auto step_deadline = Clock::now() + std::chrono::milliseconds(options_.step_timeout_ms);
@@ -383,16 +656,15 @@ Status Coordinator::RunStep(const gcmoe::v1::ForwardRequest& request,
     for (int r = 0; r < P; ++r) {
       if (!in_flight_.reported[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     }
-    FailInFlightLocked(Unavailable("step " + std::to_string(generation) + ": rank(s) " +
-                                   missing + " did not answer within " +
+    FailInFlightLocked(Unavailable("step " + std::to_string(generation) + ": rank(s) " + missing +
+                                   " did not answer within " +
                                    std::to_string(options_.step_timeout_ms) + " ms"));
   }
   if (in_flight_.failed) {
     const Status failure = in_flight_.failure;
-    // The step is over for the caller; the ranks still in it are told to give up, and the
+    // The step is over for the callers; the ranks still in it are told to give up, and the
     // bookkeeping (a new epoch) finishes once they have all reported or been cut off.
-    abort_deadline_ = Clock::now() + std::chrono::milliseconds(options_.exchange_timeout_ms +
-                                                               2000);
+    abort_deadline_ = Clock::now() + std::chrono::milliseconds(options_.exchange_timeout_ms + 2000);
     SetServingLocked(false);
     std::vector<std::shared_ptr<RankSession>> survivors;
     for (int r = 0; r < P; ++r) {
@@ -401,7 +673,7 @@ Status Coordinator::RunStep(const gcmoe::v1::ForwardRequest& request,
     Outbox outbox;
     MaybeFinishFailedStepLocked(&outbox);
     lock.unlock();
-    spdlog::warn("step {} failed: {}", generation, failure.ToString());
+    spdlog::warn("step {} ({} call(s)) failed: {}", generation, calls.size(), failure.ToString());
     internal::CoordinatorMessage abort;
     abort.mutable_abort()->set_generation(generation);
     abort.mutable_abort()->set_reason(failure.message());
@@ -413,15 +685,14 @@ Status Coordinator::RunStep(const gcmoe::v1::ForwardRequest& request,
     return failure;
   }
 
-  // Success: assemble the output in rank order and the stats.
+  // Success: each call's output from the ranks' shards, and the stats.
   const std::vector<internal::StepResult> results = std::move(in_flight_.results);
+  const std::vector<int64_t> arrived_ns = std::move(in_flight_.arrived_ns);
   in_flight_.active = false;
   int64_t slowest_ns = 0;
   for (const internal::StepResult& r : results) slowest_ns = std::max(slowest_ns, r.engine_ns());
-  std::vector<int64_t> expert_tokens(options_.experts, 0);
-  for (size_t i = 0; i < validated.counts.size(); ++i) {
-    expert_tokens[i % options_.experts] += validated.counts[i];
-  }
+  std::vector<int64_t> expert_tokens(E, 0);
+  for (size_t i = 0; i < counts.size(); ++i) expert_tokens[i % E] += counts[i];
   Outbox outbox;
   if (planner_->Observe(expert_tokens, slowest_ns)) {
     // The ranks load the new placement's weights in a new epoch; calls wait meanwhile.
@@ -432,51 +703,76 @@ Status Coordinator::RunStep(const gcmoe::v1::ForwardRequest& request,
   lock.unlock();
   Deliver(&outbox);
 
-  gcmoe::v1::Tensor* output = response->mutable_output();
-  output->set_dtype(validated.output_fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
-  output->add_shape(validated.num_tokens);
-  output->add_shape(options_.hidden);
-  std::string* data = output->mutable_data();
-  const size_t expected =
-      static_cast<size_t>(validated.num_tokens) * options_.hidden * (validated.output_fp32 ? 4 : 2);
-  data->reserve(expected);
-  gcmoe::v1::ForwardStats* stats = response->mutable_stats();
-  int64_t engine_ns = 0;
-  for (int r = 0; r < P; ++r) {
-    const internal::StepResult& result = results[r];
-    data->append(result.output().data());
-    engine_ns = std::max(engine_ns, result.engine_ns());
-    gcmoe::v1::RankStepStats* rank = stats->add_ranks();
-    rank->set_rank(r);
-    rank->set_tokens(validated.tokens_per_rank[r]);
-    rank->set_assignments_computed(result.assignments_computed());
-    rank->set_engine_ns(result.engine_ns());
-    record->rank_engine_ns.push_back(result.engine_ns());
-    if (r > 0 && (result.load_after().size() != results[0].load_after().size() ||
-                  !std::equal(result.load_after().begin(), result.load_after().end(),
-                              results[0].load_after().begin()))) {
+  for (int r = 1; r < P; ++r) {
+    if (results[r].load_after().size() != results[0].load_after().size() ||
+        !std::equal(results[r].load_after().begin(), results[r].load_after().end(),
+                    results[0].load_after().begin())) {
       spdlog::error("step {}: rank {} computed another split than rank 0", generation, r);
       return Internal("step " + std::to_string(generation) + ": ranks disagree on the split");
     }
   }
-  if (data->size() != expected) {
-    return Internal("step " + std::to_string(generation) + ": the ranks returned " +
-                    std::to_string(data->size()) + " output bytes, expected " +
-                    std::to_string(expected));
+  const auto assemble_start = Clock::now();
+  GCMOE_RETURN_IF_ERROR(AssembleOutputs(calls, pieces, ios, io_slot, results, generation));
+  const auto assembled = Clock::now();
+
+  // Stages: the per-rank ones are the largest over ranks. The ranks' stamps share this host's
+  // monotonic clock only when they run here; for others the transfer stages stay 0.
+  gcmoe::v1::ForwardStats step_stats;
+  int64_t engine_ns = 0;
+  for (int r = 0; r < P; ++r) {
+    const internal::StepResult& result = results[r];
+    engine_ns = std::max(engine_ns, result.engine_ns());
+    step_stats.set_host_ns(std::max(step_stats.host_ns(), result.host_ns()));
+    step_stats.set_h2d_ns(std::max(step_stats.h2d_ns(), result.h2d_ns()));
+    step_stats.set_device_ns(std::max(step_stats.device_ns(), result.device_ns()));
+    step_stats.set_d2h_ns(std::max(step_stats.d2h_ns(), result.d2h_ns()));
+    if (sessions[r] && sessions[r]->hello().host() == host_) {
+      step_stats.set_to_ranks_ns(
+          std::max(step_stats.to_ranks_ns(), result.received_ns() - sent_ns));
+      step_stats.set_from_ranks_ns(
+          std::max(step_stats.from_ranks_ns(), arrived_ns[r] - result.replied_ns()));
+    }
+    gcmoe::v1::RankStepStats* rank = step_stats.add_ranks();
+    rank->set_rank(r);
+    rank->set_tokens(tokens_per_rank[r]);
+    rank->set_assignments_computed(result.assignments_computed());
+    rank->set_engine_ns(result.engine_ns());
+    rank->set_host_ns(result.host_ns());
+    rank->set_h2d_ns(result.h2d_ns());
+    rank->set_device_ns(result.device_ns());
+    rank->set_d2h_ns(result.d2h_ns());
   }
-  const internal::StepResult& first = results[0];
-  stats->mutable_load_before()->Assign(first.load_before().begin(), first.load_before().end());
-  stats->mutable_load_after()->Assign(first.load_after().begin(), first.load_after().end());
-  stats->set_relief_passes(first.relief_passes());
-  stats->set_relief_solve_ns(first.relief_solve_ns());
-  stats->set_engine_ns(engine_ns);
-  stats->set_balancer_enabled(options_.balancer_enabled);
-  record->engine_ns = engine_ns;
-  record->tokens = validated.num_tokens;
-  record->load_before.assign(first.load_before().begin(), first.load_before().end());
-  record->load_after.assign(first.load_after().begin(), first.load_after().end());
-  record->passes = static_cast<int>(first.relief_passes());
-  record->solve_ns = first.relief_solve_ns();
+  const internal::StepResult& r0 = results[0];
+  step_stats.mutable_load_before()->Assign(r0.load_before().begin(), r0.load_before().end());
+  step_stats.mutable_load_after()->Assign(r0.load_after().begin(), r0.load_after().end());
+  step_stats.set_relief_passes(r0.relief_passes());
+  step_stats.set_relief_solve_ns(r0.relief_solve_ns());
+  step_stats.set_engine_ns(engine_ns);
+  step_stats.set_balancer_enabled(options_.balancer_enabled);
+  step_stats.set_assemble_ns(Nanos(assembled - assemble_start));
+  step_stats.set_batched_calls(static_cast<uint32_t>(calls.size()));
+  step_stats.set_shared_memory_io(
+      std::all_of(ios.begin(), ios.end(), [](const auto& io) { return io != nullptr; }));
+
+  StepRecord record;
+  record.engine_ns = engine_ns;
+  record.load_before.assign(r0.load_before().begin(), r0.load_before().end());
+  record.load_after.assign(r0.load_after().begin(), r0.load_after().end());
+  record.passes = static_cast<int>(r0.relief_passes());
+  record.solve_ns = r0.relief_solve_ns();
+  for (const internal::StepResult& result : results) {
+    record.rank_engine_ns.push_back(result.engine_ns());
+  }
+  const auto end = Clock::now();
+  for (Call* call : calls) {
+    gcmoe::v1::ForwardStats* stats = call->response->mutable_stats();
+    *stats = step_stats;
+    stats->set_queue_ns(Nanos(step_start - call->arrived));
+    stats->set_total_ns(Nanos(end - call->arrived));
+    record.total_ns = stats->total_ns();
+    record.tokens = call->validated->num_tokens;
+    stats_->RecordSuccess(record);
+  }
   return Status::Ok();
 }
 
@@ -514,11 +810,11 @@ void Coordinator::FillRankStats(gcmoe::v1::Stats* stats) const {
 void Coordinator::Drain(Clock::duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   draining_ = true;
-  spdlog::info("draining: refusing new calls, finishing {} admitted", next_ticket_ - now_serving_ - abandoned_.size());
+  spdlog::info("draining: refusing new calls, finishing {} admitted",
+               pending_.size() + (stepping_ ? 1 : 0));
   const auto deadline = Clock::now() + timeout;
-  cv_.wait_until(lock, deadline, [this] {
-    return next_ticket_ == now_serving_ + abandoned_.size() && !in_flight_.active;
-  });
+  cv_.wait_until(lock, deadline,
+                 [this] { return pending_.empty() && !stepping_ && !in_flight_.active; });
   lock.unlock();
   NotifyServing();
 }

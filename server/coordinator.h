@@ -1,6 +1,17 @@
 // The coordinator: which rank processes are attached and ready, and the execution of Forward
 // steps across them, one step at a time in arrival order.
 //
+// Admission: each Forward call waits on its own condition until the stepper thread has run it
+// (no shared wake-ups). The stepper takes the oldest waiting call and merges into its step the
+// other waiting calls for the same layer and dtypes, up to server.max_batch_calls calls and
+// parallel.ranks x engine.max_tokens_per_rank tokens (optionally after waiting
+// server.batch_window_us for more). The numerics are row-independent, so each caller gets the
+// same bytes as it would alone.
+//
+// Data path: a rank on this host gets its shard through a RankIo region (shared memory) the
+// coordinator writes straight from the requests, and writes its output there, from where each
+// caller's response is assembled; a rank elsewhere gets tensors in its Step messages.
+//
 // Membership: a rank attaches (Register), and once all P ranks are attached the coordinator
 // starts an epoch: it sends Setup (every rank's transport name) and the service is SERVING when
 // all P answer Ready for that epoch. A rank that disconnects makes the service NOT_SERVING at
@@ -12,10 +23,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +36,7 @@
 #include "gcmoe/v1/moe.pb.h"
 #include "server/balance_planner.h"
 #include "server/forward_validation.h"
+#include "server/rank_io.h"
 #include "server/rank_session.h"
 #include "server/service_stats.h"
 
@@ -34,6 +46,8 @@ struct CoordinatorOptions {
   int world_size = 1;
   int hidden = 0;
   int experts = 0;
+  int top_k = 0;
+  int max_tokens_per_rank = 0;
   std::string config_digest;
   int max_queue = 64;           // Forward calls allowed to wait behind the step in flight
   int step_timeout_ms = 60000;  // a step not answered by every rank by then fails
@@ -42,6 +56,10 @@ struct CoordinatorOptions {
   // The ranks join an NCCL communicator each epoch (the CUDA backend's engine.exchange
   // "nccl"): every Setup carries a fresh unique id whose bootstrap root is this process.
   bool nccl_bootstrap = false;
+  // Ranks on this host get a RankIo region (server.rank_io "auto").
+  bool shared_memory_io = true;
+  std::chrono::microseconds batch_window{0};  // server.batch_window_us
+  int max_batch_calls = 64;                   // server.max_batch_calls
 };
 
 class Coordinator {
@@ -63,7 +81,8 @@ class Coordinator {
                  const gcmoe::internal::v1::RankMessage& message);
   void Unregister(const std::shared_ptr<RankSession>& session);
 
-  // MoeService side: runs one validated Forward. Blocks until it completes or fails.
+  // MoeService side: runs one validated Forward, alone or merged with other calls. Blocks until
+  // it completes or fails; `request` and `validated` must stay valid until then.
   Status Forward(const gcmoe::v1::ForwardRequest& request, const ValidatedForward& validated,
                  Clock::time_point deadline, const std::function<bool()>& cancelled,
                  gcmoe::v1::ForwardResponse* response);
@@ -82,6 +101,7 @@ class Coordinator {
     std::shared_ptr<RankSession> session;
     bool ready = false;
     uint64_t registrations = 0;
+    std::shared_ptr<RankIo> io;  // this session's region; null: inline tensors
   };
   struct InFlight {
     uint64_t generation = 0;
@@ -91,9 +111,29 @@ class Coordinator {
     std::vector<bool> reported;  // [P] result received, or the rank is gone
     int pending = 0;
     std::vector<gcmoe::internal::v1::StepResult> results;  // [P]
+    std::vector<int64_t> arrived_ns;                       // [P] when each result came
   };
-  using Outbox = std::vector<std::pair<std::shared_ptr<RankSession>,
-                                       gcmoe::internal::v1::CoordinatorMessage>>;
+  // One Forward call, from admission until its caller has its answer.
+  struct Call {
+    const gcmoe::v1::ForwardRequest* request = nullptr;
+    const ValidatedForward* validated = nullptr;
+    gcmoe::v1::ForwardResponse* response = nullptr;
+    Clock::time_point arrived;
+    Clock::time_point deadline;
+    enum class State { kWaiting, kRunning, kDone } state = State::kWaiting;
+    Status status;
+    std::condition_variable done;  // the caller waits on its own condition
+  };
+  // The rows of one rank's shard that one call holds: call rows [call_row, call_row + rows) are
+  // shard rows [shard_row, shard_row + rows).
+  struct Piece {
+    int call = 0;
+    int64_t call_row = 0;
+    int64_t shard_row = 0;
+    int64_t rows = 0;
+  };
+  using Outbox =
+      std::vector<std::pair<std::shared_ptr<RankSession>, gcmoe::internal::v1::CoordinatorMessage>>;
 
   bool AllAttachedLocked() const;
   int ReadyCountLocked() const;
@@ -103,12 +143,23 @@ class Coordinator {
   void SetServingLocked(bool serving);
   void Deliver(Outbox* outbox);
   void NotifyServing();
-  Status RunStep(const gcmoe::v1::ForwardRequest& request, const ValidatedForward& validated,
-                 gcmoe::v1::ForwardResponse* response, StepRecord* record);
+  void StepperLoop();
+  // Takes the calls of the next step out of pending_ (the oldest and those it can merge).
+  std::vector<Call*> TakeBatchLocked();
+  // Runs one step for `calls` and fills each call's response; the status is every call's.
+  Status RunStep(const std::vector<Call*>& calls);
+  // Puts one rank's shard of the step into its Step message or its RankIo slot.
+  static void WriteShard(const std::vector<Call*>& calls, const std::vector<Piece>& pieces,
+                         RankIo* io, int io_slot, gcmoe::internal::v1::Step* step);
+  // Copies each call's rows of the ranks' outputs into its response.
+  Status AssembleOutputs(const std::vector<Call*>& calls,
+                         const std::vector<std::vector<Piece>>& pieces,
+                         const std::vector<std::shared_ptr<RankIo>>& ios, int io_slot,
+                         const std::vector<gcmoe::internal::v1::StepResult>& results,
+                         uint64_t generation);
   // Finishes a failed step's bookkeeping once every surviving rank has reported.
   void MaybeFinishFailedStepLocked(Outbox* outbox);
   void WatchdogLoop();
-  void ReleaseTurnLocked();
 
   const CoordinatorOptions options_;
   ServiceStats* stats_;
@@ -129,11 +180,12 @@ class Coordinator {
   Clock::time_point abort_deadline_{};  // a failed step's survivors must report by then
   bool stop_ = false;
   std::thread watchdog_;
-  // FIFO admission of Forward calls: a ticket each, served in order.
-  uint64_t next_ticket_ = 0;
-  uint64_t now_serving_ = 0;
-  std::set<uint64_t> abandoned_;  // tickets whose callers gave up (deadline, cancel)
-  int waiting_ = 0;
+  std::string host_;  // this host's name: ranks with the same one get a RankIo region
+  // Admitted calls not yet in a step, oldest first, and whether the stepper is in a step.
+  std::deque<Call*> pending_;
+  bool stepping_ = false;
+  std::condition_variable work_cv_;  // the stepper: a call arrived, or the state changed
+  std::thread stepper_;
 
   std::mutex notify_mu_;  // serializes serving callbacks so the last one reflects the state
   std::vector<std::function<void(bool)>> on_serving_;

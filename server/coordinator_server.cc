@@ -40,6 +40,11 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
   options.world_size = config.parallel.ranks;
   options.hidden = config.model.hidden;
   options.experts = config.model.experts;
+  options.top_k = config.model.top_k;
+  options.max_tokens_per_rank = config.engine.max_tokens_per_rank;
+  options.shared_memory_io = config.server.rank_io == "auto";
+  options.batch_window = std::chrono::microseconds(config.server.batch_window_us);
+  options.max_batch_calls = config.server.max_batch_calls;
   options.config_digest = config.Digest();
   options.max_queue = config.server.max_queue;
   options.exchange_timeout_ms = config.engine.exchange_timeout_ms;

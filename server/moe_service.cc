@@ -22,14 +22,16 @@ MoeServiceImpl::MoeServiceImpl(const config::Config& config, int64_t max_message
   limits_.world_size = config.parallel.ranks;
 }
 
-grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
-                                     const gcmoe::v1::ForwardRequest* request,
-                                     gcmoe::v1::ForwardResponse* response) {
+Status MoeServiceImpl::RunForward(grpc::ServerContext* context,
+                                  const gcmoe::v1::ForwardRequest& request,
+                                  gcmoe::v1::ForwardResponse* response) {
+  using Clock = Coordinator::Clock;
+  const auto start = Clock::now();
   ValidatedForward validated;
-  Status status = ValidateForward(*request, limits_, &validated);
+  Status status = ValidateForward(request, limits_, &validated);
+  const auto validated_at = Clock::now();
   if (status.ok()) {
     // The client's deadline, or the configured default when it set none.
-    using Clock = Coordinator::Clock;
     const auto client_deadline = context->deadline();
     Clock::time_point deadline =
         Clock::now() + std::chrono::milliseconds(config_.server.default_deadline_ms);
@@ -37,23 +39,76 @@ grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
       deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     client_deadline - std::chrono::system_clock::now());
     }
-    status = coordinator_->Forward(*request, validated, deadline,
-                                   [context] { return context->IsCancelled(); }, response);
+    status = coordinator_->Forward(
+        request, validated, deadline, [context] { return context->IsCancelled(); }, response);
   }
   if (!status.ok()) {
     stats_->RecordFailure(StatusCodeName(status.code()));
     if (status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound) {
-      spdlog::debug("Forward {} rejected: {}", request->request_id(), status.ToString());
+      spdlog::debug("Forward {} rejected: {}", request.request_id(), status.ToString());
     } else {
-      spdlog::warn("Forward {} failed: {}", request->request_id(), status.ToString());
+      spdlog::warn("Forward {} failed: {}", request.request_id(), status.ToString());
     }
     response->Clear();
-    return ToGrpcStatus(status);
+    return status;
   }
+  response->set_request_id(request.request_id());
+  response->mutable_stats()->set_validate_ns(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(validated_at - start).count());
+  spdlog::debug("Forward {}: {} tokens in {} us (engine {} us, {} call(s) in the step)",
+                request.request_id(), validated.num_tokens, response->stats().total_ns() / 1000,
+                response->stats().engine_ns() / 1000, response->stats().batched_calls());
+  return Status::Ok();
+}
+
+grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
+                                     const gcmoe::v1::ForwardRequest* request,
+                                     gcmoe::v1::ForwardResponse* response) {
+  return ToGrpcStatus(RunForward(context, *request, response));
+}
+
+grpc::Status MoeServiceImpl::ForwardStream(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<gcmoe::v1::ForwardStreamResponse, gcmoe::v1::ForwardRequest>* stream) {
+  gcmoe::v1::ForwardRequest request;
+  gcmoe::v1::ForwardStreamResponse reply;
+  uint64_t messages = 0;
+  while (stream->Read(&request)) {
+    ++messages;
+    reply.Clear();
+    const Status status = RunForward(context, request, reply.mutable_response());
+    reply.set_code(static_cast<int>(ToGrpcStatus(status).error_code()));
+    reply.set_message(status.message());
+    reply.set_request_id(request.request_id());
+    if (!status.ok()) reply.clear_response();
+    if (!stream->Write(reply)) break;  // the client has gone
+  }
+  spdlog::debug("ForwardStream ended after {} message(s)", messages);
+  return grpc::Status::OK;
+}
+
+grpc::Status MoeServiceImpl::Echo(grpc::ServerContext*, const gcmoe::v1::ForwardRequest* request,
+                                  gcmoe::v1::ForwardResponse* response) {
+  if (!config_.server.echo) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "Echo is served only with server.echo on (gcmoe bench serve sets it)");
+  }
+  if (request->hidden().shape_size() != 2 || request->hidden().shape(0) < 0 ||
+      request->hidden().shape(0) > config_.max_tokens()) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        "hidden.shape: expected [T, H] with T from 0 to " + std::to_string(config_.max_tokens()));
+  }
+  // The bytes Forward would return, and nothing computed: the transport's own cost.
+  const bool fp32 = request->output_dtype() == gcmoe::v1::FP32;
+  const int64_t tokens = request->hidden().shape(0);
+  gcmoe::v1::Tensor* output = response->mutable_output();
+  output->set_dtype(fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
+  output->add_shape(tokens);
+  output->add_shape(config_.model.hidden);
+  output->mutable_data()->resize(static_cast<size_t>(tokens) * config_.model.hidden *
+                                 (fp32 ? 4 : 2));
   response->set_request_id(request->request_id());
-  spdlog::debug("Forward {}: {} tokens in {} us (engine {} us)", request->request_id(),
-                validated.num_tokens, response->stats().total_ns() / 1000,
-                response->stats().engine_ns() / 1000);
   return grpc::Status::OK;
 }
 
@@ -71,9 +126,8 @@ grpc::Status MoeServiceImpl::GetModelInfo(grpc::ServerContext*,
   info->set_activation_clamp_enabled(m.activation_clamp.has_value());
   info->set_activation_clamp(m.activation_clamp.value_or(0.0f));
   info->set_routed_weight_format("E2M1 (FP4) with UE8M0 scales per 32 along K");
-  info->set_shared_weight_format(m.shared_intermediate > 0
-                                     ? "E4M3 with UE8M0 scales per 32 along K"
-                                     : "none");
+  info->set_shared_weight_format(m.shared_intermediate > 0 ? "E4M3 with UE8M0 scales per 32 along K"
+                                                           : "none");
   info->add_hidden_dtypes(gcmoe::v1::BF16);
   info->add_hidden_dtypes(gcmoe::v1::FP32);
   info->add_hidden_dtypes(gcmoe::v1::FP8_E4M3);

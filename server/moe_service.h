@@ -11,8 +11,8 @@ namespace gcmoe::server {
 
 class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
  public:
-  MoeServiceImpl(const config::Config& config, int64_t max_message_bytes,
-                 Coordinator* coordinator, ServiceStats* stats);
+  MoeServiceImpl(const config::Config& config, int64_t max_message_bytes, Coordinator* coordinator,
+                 ServiceStats* stats);
 
   grpc::Status Forward(grpc::ServerContext* context, const gcmoe::v1::ForwardRequest* request,
                        gcmoe::v1::ForwardResponse* response) override;
@@ -21,8 +21,18 @@ class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
                             gcmoe::v1::ModelInfo* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const gcmoe::v1::GetStatsRequest* request,
                         gcmoe::v1::Stats* response) override;
+  grpc::Status ForwardStream(grpc::ServerContext* context,
+                             grpc::ServerReaderWriter<gcmoe::v1::ForwardStreamResponse,
+                                                      gcmoe::v1::ForwardRequest>* stream) override;
+  grpc::Status Echo(grpc::ServerContext* context, const gcmoe::v1::ForwardRequest* request,
+                    gcmoe::v1::ForwardResponse* response) override;
 
  private:
+  // One Forward, for the unary call and for each message of a stream: validation, the
+  // coordinator, stats and logs. On failure `response` is cleared.
+  Status RunForward(grpc::ServerContext* context, const gcmoe::v1::ForwardRequest& request,
+                    gcmoe::v1::ForwardResponse* response);
+
   const config::Config config_;
   const int64_t max_message_bytes_;
   ForwardLimits limits_;

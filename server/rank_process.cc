@@ -18,10 +18,14 @@ namespace internal = gcmoe::internal::v1;
 
 engine::DType EngineDType(gcmoe::v1::DType dtype) {
   switch (dtype) {
-    case gcmoe::v1::FP32: return engine::DType::kFP32;
-    case gcmoe::v1::FP8_E4M3: return engine::DType::kFP8E4M3;
-    case gcmoe::v1::FP16: return engine::DType::kFP16;
-    default: return engine::DType::kBF16;
+    case gcmoe::v1::FP32:
+      return engine::DType::kFP32;
+    case gcmoe::v1::FP8_E4M3:
+      return engine::DType::kFP8E4M3;
+    case gcmoe::v1::FP16:
+      return engine::DType::kFP16;
+    default:
+      return engine::DType::kBF16;
   }
 }
 
@@ -36,9 +40,9 @@ Result<std::unique_ptr<RankProcess>> RankProcess::Create(const RankProcessOption
   GCMOE_ASSIGN_OR_RETURN(BalancerSetup balancing, BalancerFromConfig(options.config));
   const engine::EngineOptions engine_options =
       EngineOptionsFromConfig(options.config, options.rank, process->options_.instance);
-  GCMOE_ASSIGN_OR_RETURN(process->engine_,
-                         engine::Engine::Create(engine_options, std::move(balancing.balancer),
-                                                balancing.placement));
+  GCMOE_ASSIGN_OR_RETURN(
+      process->engine_,
+      engine::Engine::Create(engine_options, std::move(balancing.balancer), balancing.placement));
   return process;
 }
 
@@ -59,8 +63,9 @@ int RankProcess::Run() {
     const bool reconnect = Session(&exit_code, &ever_attached);
     if (!reconnect || stop_.load()) break;
     if (options_.exit_with_coordinator) {
-      const bool startup_over = std::chrono::steady_clock::now() - started >
-                                std::chrono::milliseconds(options_.config.server.startup_timeout_ms);
+      const bool startup_over =
+          std::chrono::steady_clock::now() - started >
+          std::chrono::milliseconds(options_.config.server.startup_timeout_ms);
       if (ever_attached || startup_over) {
         spdlog::info("rank {}: the coordinator is gone; exiting", options_.rank);
         break;
@@ -79,11 +84,10 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
   args.SetMaxSendMessageSize(max_bytes);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  auto channel = grpc::CreateCustomChannel(options_.coordinator,
-                                           grpc::InsecureChannelCredentials(), args);
+  auto channel =
+      grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(1))) {
-    spdlog::debug("rank {}: coordinator {} not reachable yet", options_.rank,
-                  options_.coordinator);
+    spdlog::debug("rank {}: coordinator {} not reachable yet", options_.rank, options_.coordinator);
     return true;
   }
   auto stub = internal::RankControl::NewStub(channel);
@@ -137,8 +141,11 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
         reconnect = false;
         break;
       } else {
+        const int64_t received_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count();
         std::lock_guard<std::mutex> lock(mu_);
-        queue_.push_back(std::move(message));
+        queue_.push_back(Received{std::move(message), received_ns});
         cv_.notify_all();
       }
     }
@@ -165,19 +172,20 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
 
 void RankProcess::WorkerLoop(Stream* stream) {
   for (;;) {
-    internal::CoordinatorMessage message;
+    Received received;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return session_over_ || stop_.load() || !queue_.empty(); });
       if (session_over_ || stop_.load()) return;
-      message = std::move(queue_.front());
+      received = std::move(queue_.front());
       queue_.pop_front();
-      if (message.has_step()) running_generation_ = message.step().generation();
+      if (received.message.has_step()) running_generation_ = received.message.step().generation();
     }
+    const internal::CoordinatorMessage& message = received.message;
     if (message.has_setup()) {
       HandleSetup(message.setup(), stream);
     } else if (message.has_step()) {
-      HandleStep(message.step(), stream);
+      HandleStep(message.step(), received.received_ns, stream);
       std::lock_guard<std::mutex> lock(mu_);
       running_generation_ = 0;
     }
@@ -198,6 +206,7 @@ void RankProcess::HandleSetup(const internal::Setup& setup, Stream* stream) {
     if (status.ok()) status = engine_->SetPlacement(placement);
     if (status.ok()) placement_version_ = setup.placement().version();
   }
+  const std::string io_error = MapIo(setup);
   engine::PeerSetup peer_setup;
   peer_setup.epoch = setup.epoch();
   peer_setup.peer_names = peers;
@@ -205,18 +214,47 @@ void RankProcess::HandleSetup(const internal::Setup& setup, Stream* stream) {
   if (status.ok()) status = engine_->Connect(peer_setup);
   internal::RankMessage reply;
   reply.mutable_ready()->set_epoch(setup.epoch());
+  reply.mutable_ready()->set_io_error(io_error);
   if (!status.ok()) {
     reply.mutable_ready()->set_error(status.ToString());
     spdlog::error("rank {}: epoch {} setup failed: {}", options_.rank, setup.epoch(),
                   status.ToString());
   } else {
-    spdlog::info("rank {}: connected to {} peer(s) for epoch {}", options_.rank,
-                 peers.size() - 1, setup.epoch());
+    spdlog::info("rank {}: connected to {} peer(s) for epoch {}", options_.rank, peers.size() - 1,
+                 setup.epoch());
   }
   stream->Write(reply);
 }
 
-void RankProcess::HandleStep(const internal::Step& step, Stream* stream) {
+std::string RankProcess::MapIo(const internal::Setup& setup) {
+  if (io_ && io_->name() == setup.io_region()) return "";
+  if (io_) {
+    engine_->UnregisterHostMemory(io_->base());
+    io_.reset();
+  }
+  if (setup.io_region().empty()) return "";
+  const config::Config& c = options_.config;
+  const RankIoLayout layout = RankIoLayout::For(c.engine.max_tokens_per_rank, c.model.hidden,
+                                                c.model.top_k, RankIo::kSlots);
+  if (setup.io_slots() != static_cast<uint32_t>(layout.slots) ||
+      setup.io_bytes() != layout.total_bytes) {
+    return "the I/O region has " + std::to_string(setup.io_slots()) + " slots of " +
+           std::to_string(setup.io_bytes()) + " bytes in all; this rank's config gives " +
+           std::to_string(layout.slots) + " and " + std::to_string(layout.total_bytes);
+  }
+  Result<std::unique_ptr<RankIo>> io = RankIo::Open(setup.io_region(), layout);
+  if (!io.ok()) return io.status().ToString();
+  if (const Status pinned = engine_->RegisterHostMemory((*io)->base(), (*io)->bytes());
+      !pinned.ok()) {
+    return pinned.ToString();
+  }
+  io_ = std::move(*io);
+  spdlog::info("rank {}: inputs and outputs through {} ({} bytes)", options_.rank, io_->name(),
+               io_->bytes());
+  return "";
+}
+
+void RankProcess::HandleStep(const internal::Step& step, int64_t received_ns, Stream* stream) {
   const std::vector<int> tokens_per_rank(step.tokens_per_rank().begin(),
                                          step.tokens_per_rank().end());
   engine::StepRequest request;
@@ -225,19 +263,39 @@ void RankProcess::HandleStep(const internal::Step& step, Stream* stream) {
   request.tokens_per_rank = tokens_per_rank;
   request.counts = std::span<const int64_t>(step.counts().data(), step.counts().size());
   request.hidden.dtype = EngineDType(step.hidden().dtype());
-  request.hidden.data = step.hidden().data().data();
-  request.hidden.scales = reinterpret_cast<const uint8_t*>(step.hidden_scales().data().data());
-  request.topk_ids = reinterpret_cast<const int32_t*>(step.topk_ids().data().data());
-  request.topk_weights = reinterpret_cast<const float*>(step.topk_weights().data().data());
   request.output_fp32 = step.output_dtype() == gcmoe::v1::FP32;
   request.relief_passes = static_cast<int>(step.relief_passes());
-
-  const Status status =
-      step.placement_version() != placement_version_
-          ? Internal("step " + std::to_string(step.generation()) + " is for placement version " +
-                     std::to_string(step.placement_version()) + ", this rank holds version " +
-                     std::to_string(placement_version_))
-          : engine_->Step(request, &output_, &stats_);
+  Status status = Status::Ok();
+  output_.destination = {};
+  if (step.io()) {
+    // The shard is in the I/O region's slot, and the output goes there.
+    const int slot = static_cast<int>(step.io_slot());
+    const int me = options_.rank;
+    if (!io_ || slot < 0 || slot >= io_->layout().slots ||
+        me >= static_cast<int>(tokens_per_rank.size()) ||
+        tokens_per_rank[me] > io_->layout().max_tokens) {
+      status = Internal("step " + std::to_string(step.generation()) + " names I/O slot " +
+                        std::to_string(slot) +
+                        (io_ ? " beyond this rank's region" : " but this rank has no I/O region"));
+    } else {
+      request.hidden.data = io_->hidden(slot);
+      request.hidden.scales = io_->scales(slot);
+      request.topk_ids = reinterpret_cast<const int32_t*>(io_->ids(slot));
+      request.topk_weights = reinterpret_cast<const float*>(io_->weights(slot));
+      output_.destination = std::span<uint8_t>(io_->output(slot), io_->layout().output_bytes);
+    }
+  } else {
+    request.hidden.data = step.hidden().data().data();
+    request.hidden.scales = reinterpret_cast<const uint8_t*>(step.hidden_scales().data().data());
+    request.topk_ids = reinterpret_cast<const int32_t*>(step.topk_ids().data().data());
+    request.topk_weights = reinterpret_cast<const float*>(step.topk_weights().data().data());
+  }
+  if (status.ok() && step.placement_version() != placement_version_) {
+    status = Internal("step " + std::to_string(step.generation()) + " is for placement version " +
+                      std::to_string(step.placement_version()) + ", this rank holds version " +
+                      std::to_string(placement_version_));
+  }
+  if (status.ok()) status = engine_->Step(request, &output_, &stats_);
   internal::RankMessage reply;
   internal::StepResult* result = reply.mutable_step_result();
   result->set_generation(step.generation());
@@ -251,14 +309,22 @@ void RankProcess::HandleStep(const internal::Step& step, Stream* stream) {
     out->set_dtype(request.output_fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
     out->add_shape(tokens_per_rank[options_.rank]);
     out->add_shape(options_.config.model.hidden);
-    out->set_data(output_.output.data(), output_.output.size());
+    if (!step.io()) out->set_data(output_.output.data(), output_.output.size());
     result->mutable_load_before()->Assign(stats_.load_before.begin(), stats_.load_before.end());
     result->mutable_load_after()->Assign(stats_.load_after.begin(), stats_.load_after.end());
     result->set_relief_passes(stats_.passes);
     result->set_relief_solve_ns(stats_.solve_ns);
     result->set_engine_ns(stats_.engine_ns);
     result->set_assignments_computed(stats_.assignments_computed);
+    result->set_host_ns(stats_.host_ns);
+    result->set_h2d_ns(stats_.h2d_ns);
+    result->set_device_ns(stats_.device_ns);
+    result->set_d2h_ns(stats_.d2h_ns);
   }
+  result->set_received_ns(received_ns);
+  result->set_replied_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count());
   stream->Write(reply);
 }
 

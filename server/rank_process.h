@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "engine/engine.h"
 #include "gcmoe/internal/v1/rank.grpc.pb.h"
+#include "server/rank_io.h"
 
 namespace gcmoe::server {
 
@@ -43,14 +44,23 @@ class RankProcess {
   using Stream = grpc::ClientReaderWriter<gcmoe::internal::v1::RankMessage,
                                           gcmoe::internal::v1::CoordinatorMessage>;
   RankProcess() = default;
+  // A message from the coordinator and when it arrived (the host's monotonic clock).
+  struct Received {
+    gcmoe::internal::v1::CoordinatorMessage message;
+    int64_t received_ns = 0;
+  };
 
   // One attached session; returns true to reconnect, false to exit with *exit_code.
   bool Session(int* exit_code, bool* ever_attached);
   void WorkerLoop(Stream* stream);
   void HandleSetup(const gcmoe::internal::v1::Setup& setup, Stream* stream);
-  void HandleStep(const gcmoe::internal::v1::Step& step, Stream* stream);
+  void HandleStep(const gcmoe::internal::v1::Step& step, int64_t received_ns, Stream* stream);
+  // Maps the I/O region Setup names (or unmaps it when it names none); the error, if any.
+  std::string MapIo(const gcmoe::internal::v1::Setup& setup);
 
   RankProcessOptions options_;
+  // Declared before the engine so that it is unmapped after the engine (which pins it) is gone.
+  std::unique_ptr<RankIo> io_;
   std::unique_ptr<engine::Engine> engine_;
   engine::StepOutput output_;
   engine::StepStats stats_;
@@ -58,7 +68,7 @@ class RankProcess {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<gcmoe::internal::v1::CoordinatorMessage> queue_;  // Setup/Step for the worker
+  std::deque<Received> queue_;  // Setup/Step for the worker
   bool session_over_ = false;
   uint64_t running_generation_ = 0;  // the step the worker is in (0: none)
   std::atomic<bool> stop_{false};

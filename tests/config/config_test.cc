@@ -216,6 +216,24 @@ TEST(ConfigValues, EngineCudaKeysTakeValuesAndEnterTheDigest) {
   EXPECT_NE(tuned.ToJson().find("\"overlap_roles\": \"off\""), std::string::npos) << tuned.ToJson();
 }
 
+TEST(ConfigValues, ServerDataPathKeysTakeValuesAndStayOutOfTheDigest) {
+  const Config defaults = MustParse(DefaultConfigText());
+  EXPECT_EQ(defaults.server.rank_io, "auto");
+  EXPECT_EQ(defaults.server.batch_window_us, 0);
+  EXPECT_EQ(defaults.server.max_batch_calls, 64);
+  EXPECT_FALSE(defaults.server.echo);
+  const Config set = MustParse(DefaultConfigText(),
+                               {"server.rank_io=inline", "server.batch_window_us=250",
+                                "server.max_batch_calls=8", "server.echo=true"});
+  EXPECT_EQ(set.server.rank_io, "inline");
+  EXPECT_EQ(set.server.batch_window_us, 250);
+  EXPECT_EQ(set.server.max_batch_calls, 8);
+  EXPECT_TRUE(set.server.echo);
+  // The coordinator alone reads them: ranks with either setting may serve together.
+  EXPECT_EQ(set.Digest(), defaults.Digest());
+  EXPECT_NE(set.ToJson().find("\"rank_io\": \"inline\""), std::string::npos) << set.ToJson();
+}
+
 TEST(ConfigOverrides, CreatesAbsentSections) {
   const Config config = MustParse(DefaultConfigText(), {"logging.format=json"});
   EXPECT_EQ(config.logging.format, "json");

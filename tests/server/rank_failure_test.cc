@@ -7,6 +7,7 @@
 #include <chrono>
 #include <future>
 #include <regex>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -124,6 +125,52 @@ TEST(RankFailureTest, RankDyingDuringAStepFailsThatStepWithinTwoSeconds) {
   ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(30000))) << service.Logs();
   gcmoe::v1::ForwardResponse response;
   EXPECT_TRUE(CallForward(service.address(), 256, 9, &response).ok()) << service.Logs();
+}
+
+TEST(RankFailureTest, RankDyingUnderMergedAndStreamedCallsFailsEachWithUnavailable) {
+  // Calls wait 100 ms to share a step; rank 1 is frozen, so the shared step is in flight when
+  // it dies, with a streamed call beside the unary ones.
+  SeparateProcesses service("merged", {"--set", "engine.exchange_timeout_ms=60000", "--set",
+                                       "server.batch_window_us=100000"});
+  ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(60000))) << service.Logs();
+  service.rank(1).Signal(SIGSTOP);
+  std::vector<std::future<grpc::Status>> unary;
+  for (int i = 0; i < 4; ++i) {
+    unary.push_back(std::async(std::launch::async, [&, i] {
+      gcmoe::v1::ForwardResponse response;
+      const grpc::Status status = CallForward(service.address(), 7 + i, 20 + i, &response);
+      EXPECT_TRUE(status.ok() || response.output().data().empty()) << "bytes with an error";
+      return status;
+    }));
+  }
+  auto streamed = std::async(std::launch::async, [&] {
+    auto stub = Connect(service.address());
+    grpc::ClientContext context;
+    auto stream = stub->ForwardStream(&context);
+    RequestSpec r;
+    r.num_tokens = 5;
+    gcmoe::v1::ForwardStreamResponse reply;
+    const bool ok = stream->Write(MakeForwardRequest(DefaultModel(), r)) && stream->Read(&reply);
+    stream->WritesDone();
+    stream->Finish();
+    EXPECT_TRUE(ok) << "the stream broke instead of answering";
+    EXPECT_FALSE(reply.has_response() && reply.code() != 0);
+    return reply.code();
+  });
+  std::this_thread::sleep_for(milliseconds(400));
+  service.rank(1).Signal(SIGKILL);
+  for (auto& call : unary) {
+    ASSERT_EQ(call.wait_for(std::chrono::seconds(5)), std::future_status::ready) << service.Logs();
+    const grpc::Status status = call.get();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  }
+  ASSERT_EQ(streamed.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_EQ(streamed.get(), static_cast<int>(grpc::StatusCode::UNAVAILABLE));
+
+  service.StartRank(1);
+  ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(30000))) << service.Logs();
+  gcmoe::v1::ForwardResponse response;
+  EXPECT_TRUE(CallForward(service.address(), 9, 3, &response).ok()) << service.Logs();
 }
 
 TEST(RankFailureTest, HungRankIsCutOffAndRejoinsWhenItResumes) {

@@ -1,0 +1,74 @@
+// A rank's inputs and outputs in shared memory, for a rank on the coordinator's host: the
+// coordinator creates the region (0600, a random name it hands only to that rank in Setup) and
+// writes each step's shard straight into a slot; the rank's engine reads the shard from there
+// (the CUDA backend pins the region, so host-to-device is one DMA) and writes the output into
+// the same slot, where the coordinator assembles the response from it. The control stream then
+// carries only the step's metadata.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/shared_memory.h"
+#include "common/status.h"
+
+namespace gcmoe::server {
+
+// Where each tensor of a slot lives. Every slot holds a shard of up to `max_tokens` tokens in
+// the widest dtype each tensor may have; every area starts on a 4 KiB boundary.
+struct RankIoLayout {
+  int max_tokens = 0;
+  int hidden = 0;
+  int top_k = 0;
+  int slots = 0;
+  size_t hidden_bytes = 0;   // [max_tokens, H] FP32 at most
+  size_t scales_bytes = 0;   // [max_tokens, H/32] UE8M0
+  size_t ids_bytes = 0;      // [max_tokens, k] INT32
+  size_t weights_bytes = 0;  // [max_tokens, k] FP32
+  size_t output_bytes = 0;   // [max_tokens, H] FP32 at most
+  size_t slot_bytes = 0;
+  size_t total_bytes = 0;
+
+  static RankIoLayout For(int max_tokens, int hidden, int top_k, int slots);
+
+  size_t hidden_offset(int slot) const { return slot * slot_bytes; }
+  size_t scales_offset(int slot) const { return hidden_offset(slot) + hidden_bytes; }
+  size_t ids_offset(int slot) const { return scales_offset(slot) + scales_bytes; }
+  size_t weights_offset(int slot) const { return ids_offset(slot) + ids_bytes; }
+  size_t output_offset(int slot) const { return weights_offset(slot) + weights_bytes; }
+};
+
+class RankIo {
+ public:
+  // Slots per region: a step's shard can be written while the previous step's output is read.
+  static constexpr int kSlots = 2;
+  // Every region's name starts with this; a rank opens no other name.
+  static constexpr const char* kNamePrefix = "gcmoe-io";
+
+  // Coordinator side: a new region for `rank`.
+  static Result<std::unique_ptr<RankIo>> Create(int rank, const RankIoLayout& layout);
+  // Rank side: maps the region the coordinator named, checking its name and size.
+  static Result<std::unique_ptr<RankIo>> Open(const std::string& name, const RankIoLayout& layout);
+
+  const std::string& name() const { return memory_->name(); }
+  const RankIoLayout& layout() const { return layout_; }
+  uint8_t* base() const { return memory_->data(); }
+  size_t bytes() const { return memory_->size(); }
+
+  uint8_t* hidden(int slot) const { return base() + layout_.hidden_offset(slot); }
+  uint8_t* scales(int slot) const { return base() + layout_.scales_offset(slot); }
+  uint8_t* ids(int slot) const { return base() + layout_.ids_offset(slot); }
+  uint8_t* weights(int slot) const { return base() + layout_.weights_offset(slot); }
+  uint8_t* output(int slot) const { return base() + layout_.output_offset(slot); }
+
+ private:
+  RankIo(std::unique_ptr<SharedMemory> memory, const RankIoLayout& layout)
+      : memory_(std::move(memory)), layout_(layout) {}
+
+  std::unique_ptr<SharedMemory> memory_;
+  RankIoLayout layout_;
+};
+
+}  // namespace gcmoe::server
