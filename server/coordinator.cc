@@ -68,11 +68,45 @@ Coordinator::~Coordinator() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    for (Slot& slot : slots_) StopResultReader(&slot);
   }
   cv_.notify_all();
   work_cv_.notify_all();
   stepper_.join();
   watchdog_.join();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return result_readers_ == 0; });
+}
+
+void Coordinator::StopResultReader(Slot* slot) {
+  if (slot->io_stop) slot->io_stop->store(true);
+  if (slot->io) slot->io->Wake(RankIo::kToCoordinator);
+  slot->io_stop.reset();
+}
+
+void Coordinator::StartResultReader(const std::shared_ptr<RankSession>& session,
+                                    const std::shared_ptr<RankIo>& io,
+                                    const std::shared_ptr<std::atomic<bool>>& stop) {
+  ++result_readers_;  // under mu_
+  std::thread([this, session, io, stop] {
+    uint32_t seen = io->sequence(RankIo::kToCoordinator);
+    std::string bytes;
+    internal::RankMessage message;
+    while (!stop->load()) {
+      if (!io->Wait(RankIo::kToCoordinator, &seen, std::chrono::milliseconds(100), &bytes)) {
+        continue;
+      }
+      if (stop->load()) break;
+      if (!message.mutable_step_result()->ParseFromString(bytes)) {
+        spdlog::error("{}: an unreadable step result in its I/O region", session->Describe());
+        continue;
+      }
+      OnMessage(session, message);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    --result_readers_;
+    cv_.notify_all();
+  }).detach();
 }
 
 void Coordinator::AddServingCallback(std::function<void(bool)> callback) {
@@ -214,9 +248,14 @@ Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
                                        std::to_string(in_flight_.generation)));
       }
     }
+    StopResultReader(&slot);
     slot.session = session;
     slot.ready = false;
     slot.io = std::move(io);
+    if (slot.io) {
+      slot.io_stop = std::make_shared<std::atomic<bool>>(false);
+      StartResultReader(session, slot.io, slot.io_stop);
+    }
     ++slot.registrations;
     reconfiguring_ = false;
     SetServingLocked(false);
@@ -266,6 +305,7 @@ void Coordinator::OnMessage(const std::shared_ptr<RankSession>& session,
           // It serves, with its tensors inline (from the next step: none is in flight now).
           spdlog::warn("{} cannot map its I/O region ({}); its tensors go inline",
                        session->Describe(), ready.io_error());
+          StopResultReader(&slots_[r]);
           slots_[r].io.reset();
         }
         slots_[r].ready = true;
@@ -305,6 +345,7 @@ void Coordinator::Unregister(const std::shared_ptr<RankSession>& session) {
     if (slots_[r].session == session) {
       slots_[r].session.reset();
       slots_[r].ready = false;
+      StopResultReader(&slots_[r]);
       slots_[r].io.reset();  // a step still using it holds its own reference
       reconfiguring_ = false;
       spdlog::warn("{} disconnected", session->Describe());
@@ -636,7 +677,10 @@ Status Coordinator::RunStep(const std::vector<Call*>& calls) {
     step->set_request_id(first.request_id());
     step->set_relief_passes(static_cast<uint32_t>(passes));
     step->set_placement_version(placement_version);
-    if (!sessions[r] || !sessions[r]->Send(message)) {
+    // A rank with a region gets the step through its doorbell, else on its control stream.
+    const bool posted =
+        sessions[r] && ios[r] && ios[r]->Post(RankIo::kToRank, message.step().SerializeAsString());
+    if (!posted && (!sessions[r] || !sessions[r]->Send(message))) {
       std::lock_guard<std::mutex> lock(mu_);
       if (!in_flight_.reported[r]) {
         in_flight_.reported[r] = true;

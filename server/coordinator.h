@@ -20,6 +20,7 @@
 // zeroes the ranks' exchange signals, so an aborted step leaves nothing stale behind.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -102,6 +103,8 @@ class Coordinator {
     bool ready = false;
     uint64_t registrations = 0;
     std::shared_ptr<RankIo> io;  // this session's region; null: inline tensors
+    // Stops the thread that reads this session's results from its region's doorbell.
+    std::shared_ptr<std::atomic<bool>> io_stop;
   };
   struct InFlight {
     uint64_t generation = 0;
@@ -160,6 +163,12 @@ class Coordinator {
   // Finishes a failed step's bookkeeping once every surviving rank has reported.
   void MaybeFinishFailedStepLocked(Outbox* outbox);
   void WatchdogLoop();
+  // Reads `session`'s step results from its region's doorbell until *stop, handing each to
+  // OnMessage as if it had come on the control stream.
+  void StartResultReader(const std::shared_ptr<RankSession>& session,
+                         const std::shared_ptr<RankIo>& io,
+                         const std::shared_ptr<std::atomic<bool>>& stop);
+  static void StopResultReader(Slot* slot);
 
   const CoordinatorOptions options_;
   ServiceStats* stats_;
@@ -186,6 +195,7 @@ class Coordinator {
   bool stepping_ = false;
   std::condition_variable work_cv_;  // the stepper: a call arrived, or the state changed
   std::thread stepper_;
+  int result_readers_ = 0;  // StartResultReader threads still running (guarded by mu_)
 
   std::mutex notify_mu_;  // serializes serving callbacks so the last one reflects the state
   std::vector<std::function<void(bool)>> on_serving_;

@@ -1,5 +1,15 @@
 #include "server/rank_io.h"
 
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstring>
+#include <thread>
+
 namespace gcmoe::server {
 namespace {
 
@@ -8,7 +18,21 @@ size_t Pages(size_t bytes) {
   return (bytes + kPage - 1) / kPage * kPage;
 }
 
+// Futexes on a shared mapping: the process-shared (not FUTEX_PRIVATE) operations.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::milliseconds timeout) {
+  timespec ts{};
+  ts.tv_sec = timeout.count() / 1000;
+  ts.tv_nsec = (timeout.count() % 1000) * 1000000;
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
 }  // namespace
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "the doorbell needs lock-free atomics");
 
 RankIoLayout RankIoLayout::For(int max_tokens, int hidden, int top_k, int slots) {
   RankIoLayout l;
@@ -23,7 +47,7 @@ RankIoLayout RankIoLayout::For(int max_tokens, int hidden, int top_k, int slots)
   l.weights_bytes = Pages(T * top_k * 4);
   l.output_bytes = Pages(T * hidden * 4);
   l.slot_bytes = l.hidden_bytes + l.scales_bytes + l.ids_bytes + l.weights_bytes + l.output_bytes;
-  l.total_bytes = l.slot_bytes * slots;
+  l.total_bytes = slots_offset() + l.slot_bytes * slots;
   return l;
 }
 
@@ -31,6 +55,7 @@ Result<std::unique_ptr<RankIo>> RankIo::Create(int rank, const RankIoLayout& lay
   const std::string prefix = std::string(kNamePrefix) + "-r" + std::to_string(rank);
   GCMOE_ASSIGN_OR_RETURN(std::unique_ptr<SharedMemory> memory,
                          SharedMemory::Create(RandomSharedMemoryName(prefix), layout.total_bytes));
+  // The region is zero-filled: both channels start at sequence 0 with no message.
   return std::unique_ptr<RankIo>(new RankIo(std::move(memory), layout));
 }
 
@@ -41,7 +66,48 @@ Result<std::unique_ptr<RankIo>> RankIo::Open(const std::string& name, const Rank
   }
   GCMOE_ASSIGN_OR_RETURN(std::unique_ptr<SharedMemory> memory,
                          SharedMemory::Open(name, layout.total_bytes));
+  // Both sides have it mapped now: the name has served its purpose.
+  shm_unlink(name.c_str());
   return std::unique_ptr<RankIo>(new RankIo(std::move(memory), layout));
+}
+
+bool RankIo::Post(Channel channel, const std::string& message) {
+  if (message.size() > RankIoLayout::kMessageBytes) return false;
+  ChannelHeader* h = header(channel);
+  std::memcpy(base() + RankIoLayout::message_offset(channel), message.data(), message.size());
+  h->bytes = static_cast<uint32_t>(message.size());
+  h->sequence.fetch_add(1, std::memory_order_release);
+  FutexWakeAll(&h->sequence);
+  return true;
+}
+
+bool RankIo::Wait(Channel channel, uint32_t* seen, std::chrono::milliseconds timeout,
+                  std::string* message) {
+  ChannelHeader* h = header(channel);
+  uint32_t now = h->sequence.load(std::memory_order_acquire);
+  if (now == *seen) {
+    // A short spin first: a result often follows within microseconds of the wait.
+    for (int i = 0; i < 2000 && now == *seen; ++i) {
+      std::this_thread::yield();
+      now = h->sequence.load(std::memory_order_acquire);
+    }
+  }
+  if (now == *seen) {
+    FutexWait(&h->sequence, now, timeout);
+    now = h->sequence.load(std::memory_order_acquire);
+    if (now == *seen) return false;
+  }
+  *seen = now;
+  const uint32_t bytes = std::min<uint32_t>(h->bytes, RankIoLayout::kMessageBytes);
+  message->assign(reinterpret_cast<const char*>(base() + RankIoLayout::message_offset(channel)),
+                  bytes);
+  return true;
+}
+
+void RankIo::Wake(Channel channel) { FutexWakeAll(&header(channel)->sequence); }
+
+uint32_t RankIo::sequence(Channel channel) const {
+  return header(channel)->sequence.load(std::memory_order_acquire);
 }
 
 }  // namespace gcmoe::server

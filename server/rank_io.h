@@ -1,11 +1,18 @@
 // A rank's inputs and outputs in shared memory, for a rank on the coordinator's host: the
-// coordinator creates the region (0600, a random name it hands only to that rank in Setup) and
-// writes each step's shard straight into a slot; the rank's engine reads the shard from there
-// (the CUDA backend pins the region, so host-to-device is one DMA) and writes the output into
-// the same slot, where the coordinator assembles the response from it. The control stream then
-// carries only the step's metadata.
+// coordinator creates the region (0600, a random name it hands only to that rank in Setup; the
+// rank unlinks the name once it has mapped it, so nothing else can open it and nothing is left
+// behind if either side dies) and writes each step's shard straight into a slot; the rank's
+// engine reads the shard from there (the CUDA backend pins the region, so host-to-device is one
+// DMA) and writes the output into the same slot, where the coordinator assembles the response.
+//
+// The region also carries the step's metadata and the rank's result (the doorbell): each
+// direction is one message area with a sequence number the writer bumps and a futex the reader
+// sleeps on, so a step reaches the rank and its result the coordinator in a few microseconds
+// instead of through the gRPC control stream, which keeps membership, Setup, Abort and Shutdown.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -17,8 +24,12 @@
 namespace gcmoe::server {
 
 // Where each tensor of a slot lives. Every slot holds a shard of up to `max_tokens` tokens in
-// the widest dtype each tensor may have; every area starts on a 4 KiB boundary.
+// the widest dtype each tensor may have; every area starts on a 4 KiB boundary. The two message
+// areas come first.
 struct RankIoLayout {
+  static constexpr size_t kControlBytes = 4096;       // the two channels' headers
+  static constexpr size_t kMessageBytes = 256 << 10;  // each direction's message area
+
   int max_tokens = 0;
   int hidden = 0;
   int top_k = 0;
@@ -33,7 +44,9 @@ struct RankIoLayout {
 
   static RankIoLayout For(int max_tokens, int hidden, int top_k, int slots);
 
-  size_t hidden_offset(int slot) const { return slot * slot_bytes; }
+  static size_t message_offset(int channel) { return kControlBytes + channel * kMessageBytes; }
+  static size_t slots_offset() { return kControlBytes + 2 * kMessageBytes; }
+  size_t hidden_offset(int slot) const { return slots_offset() + slot * slot_bytes; }
   size_t scales_offset(int slot) const { return hidden_offset(slot) + hidden_bytes; }
   size_t ids_offset(int slot) const { return scales_offset(slot) + scales_bytes; }
   size_t weights_offset(int slot) const { return ids_offset(slot) + ids_bytes; }
@@ -46,10 +59,13 @@ class RankIo {
   static constexpr int kSlots = 2;
   // Every region's name starts with this; a rank opens no other name.
   static constexpr const char* kNamePrefix = "gcmoe-io";
+  // The doorbell's two directions.
+  enum Channel { kToRank = 0, kToCoordinator = 1 };
 
   // Coordinator side: a new region for `rank`.
   static Result<std::unique_ptr<RankIo>> Create(int rank, const RankIoLayout& layout);
-  // Rank side: maps the region the coordinator named, checking its name and size.
+  // Rank side: maps the region the coordinator named, checking its name and size, and unlinks
+  // the name.
   static Result<std::unique_ptr<RankIo>> Open(const std::string& name, const RankIoLayout& layout);
 
   const std::string& name() const { return memory_->name(); }
@@ -63,9 +79,28 @@ class RankIo {
   uint8_t* weights(int slot) const { return base() + layout_.weights_offset(slot); }
   uint8_t* output(int slot) const { return base() + layout_.output_offset(slot); }
 
+  // Writes `message` into `channel`'s area and wakes its reader. False when it does not fit
+  // (the caller then uses the control stream). One writer per channel, and a writer posts again
+  // only after the other side has answered, so a message is never overwritten unread.
+  bool Post(Channel channel, const std::string& message);
+  // Waits up to `timeout` for a message newer than *seen; true with its bytes in *message.
+  bool Wait(Channel channel, uint32_t* seen, std::chrono::milliseconds timeout,
+            std::string* message);
+  // Wakes `channel`'s reader without a message (it rechecks whatever made it stop).
+  void Wake(Channel channel);
+  // The sequence number of `channel`'s latest message (a new reader starts from it).
+  uint32_t sequence(Channel channel) const;
+
  private:
+  struct alignas(64) ChannelHeader {
+    std::atomic<uint32_t> sequence;
+    uint32_t bytes;
+  };
   RankIo(std::unique_ptr<SharedMemory> memory, const RankIoLayout& layout)
       : memory_(std::move(memory)), layout_(layout) {}
+  ChannelHeader* header(Channel channel) const {
+    return reinterpret_cast<ChannelHeader*>(base()) + channel;
+  }
 
   std::unique_ptr<SharedMemory> memory_;
   RankIoLayout layout_;

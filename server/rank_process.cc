@@ -46,6 +46,8 @@ Result<std::unique_ptr<RankProcess>> RankProcess::Create(const RankProcessOption
   return process;
 }
 
+RankProcess::~RankProcess() { UnmapIo(); }
+
 void RankProcess::Stop() {
   stop_.store(true);
   std::lock_guard<std::mutex> lock(mu_);
@@ -156,6 +158,7 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
       cv_.notify_all();
     }
     worker.join();
+    UnmapIo();  // the coordinator's next session brings a new region
     context.TryCancel();
   }
   const grpc::Status status = stream->Finish();
@@ -185,7 +188,7 @@ void RankProcess::WorkerLoop(Stream* stream) {
     if (message.has_setup()) {
       HandleSetup(message.setup(), stream);
     } else if (message.has_step()) {
-      HandleStep(message.step(), received.received_ns, stream);
+      HandleStep(received, stream);
       std::lock_guard<std::mutex> lock(mu_);
       running_generation_ = 0;
     }
@@ -226,12 +229,38 @@ void RankProcess::HandleSetup(const internal::Setup& setup, Stream* stream) {
   stream->Write(reply);
 }
 
+void RankProcess::UnmapIo() {
+  if (!io_) return;
+  doorbell_stop_.store(true);
+  io_->Wake(RankIo::kToRank);
+  if (doorbell_.joinable()) doorbell_.join();
+  engine_->UnregisterHostMemory(io_->base());
+  io_.reset();
+}
+
+void RankProcess::DoorbellLoop() {
+  uint32_t seen = io_->sequence(RankIo::kToRank);
+  std::string bytes;
+  while (!doorbell_stop_.load()) {
+    if (!io_->Wait(RankIo::kToRank, &seen, std::chrono::milliseconds(100), &bytes)) continue;
+    Received received;
+    received.received_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+    received.doorbell = true;
+    if (!received.message.mutable_step()->ParseFromString(bytes)) {
+      spdlog::error("rank {}: an unreadable step in the I/O region", options_.rank);
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(received));
+    cv_.notify_all();
+  }
+}
+
 std::string RankProcess::MapIo(const internal::Setup& setup) {
   if (io_ && io_->name() == setup.io_region()) return "";
-  if (io_) {
-    engine_->UnregisterHostMemory(io_->base());
-    io_.reset();
-  }
+  UnmapIo();
   if (setup.io_region().empty()) return "";
   const config::Config& c = options_.config;
   const RankIoLayout layout = RankIoLayout::For(c.engine.max_tokens_per_rank, c.model.hidden,
@@ -249,12 +278,16 @@ std::string RankProcess::MapIo(const internal::Setup& setup) {
     return pinned.ToString();
   }
   io_ = std::move(*io);
+  doorbell_stop_.store(false);
+  doorbell_ = std::thread([this] { DoorbellLoop(); });
   spdlog::info("rank {}: inputs and outputs through {} ({} bytes)", options_.rank, io_->name(),
                io_->bytes());
   return "";
 }
 
-void RankProcess::HandleStep(const internal::Step& step, int64_t received_ns, Stream* stream) {
+void RankProcess::HandleStep(const Received& received, Stream* stream) {
+  const internal::Step& step = received.message.step();
+  const int64_t received_ns = received.received_ns;
   const std::vector<int> tokens_per_rank(step.tokens_per_rank().begin(),
                                          step.tokens_per_rank().end());
   engine::StepRequest request;
@@ -325,7 +358,11 @@ void RankProcess::HandleStep(const internal::Step& step, int64_t received_ns, St
   result->set_replied_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now().time_since_epoch())
                              .count());
-  stream->Write(reply);
+  // Back the way the step came: the doorbell, or the control stream (also when it does not fit).
+  if (!(received.doorbell && io_ &&
+        io_->Post(RankIo::kToCoordinator, result->SerializeAsString()))) {
+    stream->Write(reply);
+  }
 }
 
 }  // namespace gcmoe::server

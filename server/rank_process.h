@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
@@ -33,6 +34,7 @@ class RankProcess {
  public:
   // Builds the engine: loads and checks this rank's weights (the slow part of start-up).
   static Result<std::unique_ptr<RankProcess>> Create(const RankProcessOptions& options);
+  ~RankProcess();
 
   // Attaches and serves until Stop(), a Shutdown message, a Reject (exit code 3), or the loss of
   // the coordinator with exit_with_coordinator. Returns the process exit code.
@@ -48,19 +50,25 @@ class RankProcess {
   struct Received {
     gcmoe::internal::v1::CoordinatorMessage message;
     int64_t received_ns = 0;
+    bool doorbell = false;  // came through the I/O region: the result goes back that way
   };
 
   // One attached session; returns true to reconnect, false to exit with *exit_code.
   bool Session(int* exit_code, bool* ever_attached);
   void WorkerLoop(Stream* stream);
   void HandleSetup(const gcmoe::internal::v1::Setup& setup, Stream* stream);
-  void HandleStep(const gcmoe::internal::v1::Step& step, int64_t received_ns, Stream* stream);
+  void HandleStep(const Received& received, Stream* stream);
   // Maps the I/O region Setup names (or unmaps it when it names none); the error, if any.
   std::string MapIo(const gcmoe::internal::v1::Setup& setup);
+  void UnmapIo();
+  // Takes steps from the I/O region's doorbell into the worker's queue until doorbell_stop_.
+  void DoorbellLoop();
 
   RankProcessOptions options_;
   // Declared before the engine so that it is unmapped after the engine (which pins it) is gone.
   std::unique_ptr<RankIo> io_;
+  std::thread doorbell_;  // DoorbellLoop, while io_ is mapped
+  std::atomic<bool> doorbell_stop_{false};
   std::unique_ptr<engine::Engine> engine_;
   engine::StepOutput output_;
   engine::StepStats stats_;
