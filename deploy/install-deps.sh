@@ -10,7 +10,7 @@ packages=(
   libspdlog-dev nlohmann-json3-dev libglpk-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # The Python client and its tests run on Debian's interpreter, /usr/bin/python3.
-  python3 python3-grpcio python3-protobuf python3-numpy
+  python3 python3-grpcio python3-protobuf python3-numpy python3-venv python3-pip
 )
 
 missing=()
