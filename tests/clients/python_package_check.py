@@ -108,8 +108,18 @@ async def check_async(addr, hidden, ids, weights, layer, out):
             fail("aio: expected NotFoundError for a layer past the model")
 
 
+def check_typing_files():
+    """The package ships its .pyi files (hand-written and protoc's) and the py.typed marker."""
+    root = os.path.dirname(gcmoe.__file__)
+    for name in ("__init__.pyi", "client.pyi", "aio.pyi", "numerics.pyi", "errors.pyi",
+                 "tensors.pyi", "py.typed", os.path.join("v1", "moe_pb2.pyi")):
+        if not os.path.isfile(os.path.join(root, name)):
+            fail(f"the installed package has no {name}")
+
+
 def forward(args):
     os.makedirs(args.out, exist_ok=True)
+    check_typing_files()
     with gcmoe.Client(args.addr) as client:
         info = client.info(timeout=10.0)
     hidden, ids, weights = random_inputs(info, args.tokens, args.seed)
