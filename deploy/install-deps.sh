@@ -10,7 +10,12 @@ packages=(
   libspdlog-dev nlohmann-json3-dev libglpk-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # The Python client and its tests run on Debian's interpreter, /usr/bin/python3.
-  python3 python3-grpcio python3-protobuf python3-numpy
+  python3 python3-grpcio python3-protobuf python3-numpy python3-venv python3-pip
+  # The Go client builds offline against Debian's packaged Go sources (/usr/share/gocode).
+  # grpc-go's codec goes through github.com/golang/protobuf: 1.5 (1.3 predates the generated
+  # APIv2 messages of protoc-gen-go).
+  golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev
+  protoc-gen-go protoc-gen-go-grpc
 )
 
 missing=()

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs a built gcmoe on this host: the binary, a config, the systemd units and a system user.
+# Installs a built gcmoe on this host: the binary, a config, the systemd units, a system user,
+# the API's .proto files (/usr/local/share/gcmoe/proto) and the Python client package (for
+# Debian's /usr/bin/python3, under /usr/local/lib/python3.X/dist-packages).
 #   deploy/install.sh [--build-dir build] [--config config/examples/tiny-cpu.json] [--prefix /]
 # Run ./run.sh build first. With --prefix DIR it installs under DIR (for packaging or a dry run)
 # and touches neither users nor systemd.
@@ -14,7 +16,7 @@ while [ $# -gt 0 ]; do
     --build-dir) build_dir=$2; shift 2 ;;
     --config) config=$2; shift 2 ;;
     --prefix) prefix=$2; shift 2 ;;
-    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -34,6 +36,15 @@ for unit in deploy/systemd/*.service; do
   install -D -m 0644 "$unit" "$prefix/etc/systemd/system/$(basename "$unit")"
 done
 install -D -m 0644 README.md "$prefix/usr/local/share/doc/gcmoe/README.md"
+# The public protos, for clients generated in any language.
+for proto in gcmoe/v1/moe.proto inference/grpc_predict_v2.proto; do
+  install -D -m 0644 "proto/$proto" "$prefix/usr/local/share/gcmoe/proto/$proto"
+done
+# The Python package, built offline from clients/python (its stubs come from proto/). Debian's
+# pip asks for --break-system-packages for any install outside a virtual environment; with
+# --root it writes only under /usr/local, which Debian's python3 reads and apt never touches.
+/usr/bin/python3 -m pip install --quiet --no-deps --no-index --no-cache-dir \
+  --break-system-packages --root-user-action=ignore --root "$prefix" ./clients/python
 
 if [ "$prefix" = "/" ]; then
   if ! id gcmoe >/dev/null 2>&1; then

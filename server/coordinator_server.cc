@@ -56,6 +56,8 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
       std::make_unique<Coordinator>(options, std::move(planner), server->stats_.get());
   server->moe_service_ = std::make_unique<MoeServiceImpl>(
       config, max_bytes, server->coordinator_.get(), server->stats_.get());
+  server->kserve_service_ = std::make_unique<KServeServiceImpl>(
+      config, server->moe_service_.get(), server->coordinator_.get(), server->stats_.get());
   server->rank_service_ = std::make_unique<RankControlService>(server->coordinator_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -87,6 +89,7 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
     builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
     builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
     builder.RegisterService(server->moe_service_.get());
+    builder.RegisterService(server->kserve_service_.get());
     server->public_server_ = builder.BuildAndStart();
     if (!server->public_server_ || public_port == 0) {
       server->rank_server_->Shutdown();

@@ -1,5 +1,6 @@
-// The coordinator process's servers: the public API (MoeService, health, reflection) on
-// server.listen, and the rank control service on server.rank_listen.
+// The coordinator process's servers: the public API (MoeService, the KServe v2
+// GRPCInferenceService, health, reflection) on server.listen, and the rank control service on
+// server.rank_listen.
 #pragma once
 
 #include <chrono>
@@ -11,6 +12,7 @@
 #include "common/status.h"
 #include "config/config.h"
 #include "server/coordinator.h"
+#include "server/kserve_service.h"
 #include "server/moe_service.h"
 #include "server/rank_control_service.h"
 #include "server/service_stats.h"
@@ -41,6 +43,7 @@ class CoordinatorServer {
   std::unique_ptr<ServiceStats> stats_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<MoeServiceImpl> moe_service_;
+  std::unique_ptr<KServeServiceImpl> kserve_service_;
   std::unique_ptr<RankControlService> rank_service_;
   std::unique_ptr<grpc::Server> public_server_;
   std::unique_ptr<grpc::Server> rank_server_;

@@ -1,0 +1,12 @@
+from gcmoe import aio as aio
+from gcmoe import numerics as numerics
+from gcmoe.client import Client as Client
+from gcmoe.errors import DeadlineExceededError as DeadlineExceededError
+from gcmoe.errors import GcmoeError as GcmoeError
+from gcmoe.errors import InvalidArgumentError as InvalidArgumentError
+from gcmoe.errors import NotFoundError as NotFoundError
+from gcmoe.errors import ResourceExhaustedError as ResourceExhaustedError
+from gcmoe.errors import UnavailableError as UnavailableError
+from gcmoe.tensors import Fp8Hidden as Fp8Hidden
+
+__version__: str

@@ -1,0 +1,76 @@
+"""The blocking gcmoe client."""
+import grpc
+
+from gcmoe import channel as _channel
+from gcmoe import tensors
+from gcmoe.errors import from_rpc_error
+from gcmoe.v1 import moe_pb2, moe_pb2_grpc
+
+
+class Client:
+    """A connection to one gcmoe service.
+
+        with gcmoe.Client("127.0.0.1:50051") as client:
+            info = client.info()
+            y = client.forward(hidden, topk_ids, topk_weights, layer=0, output_dtype="fp32")
+
+    tls: False (plaintext), True (TLS with the system's roots) or grpc.ChannelCredentials.
+    token: sent as `authorization: Bearer <token>` with every call.
+    timeout: default deadline of each call in seconds (None: none; the server applies its own).
+    """
+
+    def __init__(self, addr="127.0.0.1:50051", *, tls=False, token=None, timeout=None,
+                 max_message_bytes=_channel.DEFAULT_MAX_MESSAGE_BYTES, options=()):
+        opts = _channel.channel_options(max_message_bytes) + list(options)
+        creds = _channel.credentials(tls)
+        self.addr = addr
+        self._channel = (grpc.secure_channel(addr, creds, options=opts) if creds is not None
+                         else grpc.insecure_channel(addr, options=opts))
+        self._stub = moe_pb2_grpc.MoeServiceStub(self._channel)
+        self._metadata = _channel.call_metadata(token)
+        self._timeout = timeout
+
+    def _call(self, rpc, request, timeout):
+        try:
+            return getattr(self._stub, rpc)(
+                request, timeout=self._timeout if timeout is None else timeout,
+                metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error, rpc) from None
+
+    def info(self, timeout=None):
+        """The served model: gcmoe.v1.ModelInfo (hidden, experts, top_k, layers, version, ...)."""
+        return self._call("GetModelInfo", moe_pb2.GetModelInfoRequest(), timeout)
+
+    def stats(self, timeout=None):
+        """Counters, latencies and balance since start-up: gcmoe.v1.Stats."""
+        return self._call("GetStats", moe_pb2.GetStatsRequest(), timeout)
+
+    def forward_response(self, hidden, topk_ids, topk_weights, layer=0, output_dtype="bf16",
+                         hidden_dtype=None, request_id="", timeout=None):
+        """Forward, returning the whole gcmoe.v1.ForwardResponse (output tensor and stats)."""
+        request = tensors.forward_request(hidden, topk_ids, topk_weights, layer, output_dtype,
+                                          hidden_dtype, request_id)
+        return self._call("Forward", request, timeout)
+
+    def forward(self, hidden, topk_ids, topk_weights, layer=0, output_dtype="bf16",
+                hidden_dtype=None, request_id="", timeout=None):
+        """One MoE layer over T tokens; returns the [T, H] output as a NumPy array.
+
+        hidden: [T, H] float32 (sent as FP32, or encoded as hidden_dtype "bf16" / "fp8"),
+        uint16 BF16 bit patterns or ml_dtypes.bfloat16, or a gcmoe.Fp8Hidden.
+        topk_ids: [T, k] integers in [0, E), -1 for an unused slot. topk_weights: [T, k].
+        output_dtype "fp32" gives float32; "bf16" gives bfloat16 (ml_dtypes) or uint16 bits.
+        """
+        response = self.forward_response(hidden, topk_ids, topk_weights, layer, output_dtype,
+                                         hidden_dtype, request_id, timeout)
+        return tensors.decode_output(response.output)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,29 @@
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from gcmoe.tensors import Fp8Hidden
+from gcmoe.v1 import moe_pb2
+
+Hidden = Union[npt.NDArray[Any], Fp8Hidden]
+
+class Client:
+    addr: str
+    def __init__(self, addr: str = ..., *, tls: Union[bool, grpc.ChannelCredentials] = ...,
+                 token: Optional[str] = ..., timeout: Optional[float] = ...,
+                 max_message_bytes: int = ...,
+                 options: Sequence[Tuple[str, Any]] = ...) -> None: ...
+    def info(self, timeout: Optional[float] = ...) -> moe_pb2.ModelInfo: ...
+    def stats(self, timeout: Optional[float] = ...) -> moe_pb2.Stats: ...
+    def forward_response(self, hidden: Hidden, topk_ids: npt.ArrayLike,
+                         topk_weights: npt.ArrayLike, layer: int = ..., output_dtype: str = ...,
+                         hidden_dtype: Optional[str] = ..., request_id: str = ...,
+                         timeout: Optional[float] = ...) -> moe_pb2.ForwardResponse: ...
+    def forward(self, hidden: Hidden, topk_ids: npt.ArrayLike, topk_weights: npt.ArrayLike,
+                layer: int = ..., output_dtype: str = ..., hidden_dtype: Optional[str] = ...,
+                request_id: str = ..., timeout: Optional[float] = ...) -> np.ndarray: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> "Client": ...
+    def __exit__(self, *exc: object) -> None: ...
