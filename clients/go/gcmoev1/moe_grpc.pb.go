@@ -23,6 +23,14 @@ type MoeServiceClient interface {
 	GetModelInfo(ctx context.Context, in *GetModelInfoRequest, opts ...grpc.CallOption) (*ModelInfo, error)
 	// Counters, latencies and balance since start-up.
 	GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*Stats, error)
+	// Forward calls on one long-lived stream, answered in order: for a frontend that calls once
+	// per MoE layer, so a decode step does not pay call setup once per layer. A bad message gets
+	// its own error reply and the stream goes on.
+	ForwardStream(ctx context.Context, opts ...grpc.CallOption) (MoeService_ForwardStreamClient, error)
+	// The transport floor for `gcmoe bench serve`: answers a ForwardRequest with an output of the
+	// size Forward would return, without running anything. UNIMPLEMENTED unless the service runs
+	// with server.echo on.
+	Echo(ctx context.Context, in *ForwardRequest, opts ...grpc.CallOption) (*ForwardResponse, error)
 }
 
 type moeServiceClient struct {
@@ -60,6 +68,46 @@ func (c *moeServiceClient) GetStats(ctx context.Context, in *GetStatsRequest, op
 	return out, nil
 }
 
+func (c *moeServiceClient) ForwardStream(ctx context.Context, opts ...grpc.CallOption) (MoeService_ForwardStreamClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_MoeService_serviceDesc.Streams[0], "/gcmoe.v1.MoeService/ForwardStream", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &moeServiceForwardStreamClient{stream}
+	return x, nil
+}
+
+type MoeService_ForwardStreamClient interface {
+	Send(*ForwardRequest) error
+	Recv() (*ForwardStreamResponse, error)
+	grpc.ClientStream
+}
+
+type moeServiceForwardStreamClient struct {
+	grpc.ClientStream
+}
+
+func (x *moeServiceForwardStreamClient) Send(m *ForwardRequest) error {
+	return x.ClientStream.SendMsg(m)
+}
+
+func (x *moeServiceForwardStreamClient) Recv() (*ForwardStreamResponse, error) {
+	m := new(ForwardStreamResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (c *moeServiceClient) Echo(ctx context.Context, in *ForwardRequest, opts ...grpc.CallOption) (*ForwardResponse, error) {
+	out := new(ForwardResponse)
+	err := c.cc.Invoke(ctx, "/gcmoe.v1.MoeService/Echo", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MoeServiceServer is the server API for MoeService service.
 // All implementations must embed UnimplementedMoeServiceServer
 // for forward compatibility
@@ -70,6 +118,14 @@ type MoeServiceServer interface {
 	GetModelInfo(context.Context, *GetModelInfoRequest) (*ModelInfo, error)
 	// Counters, latencies and balance since start-up.
 	GetStats(context.Context, *GetStatsRequest) (*Stats, error)
+	// Forward calls on one long-lived stream, answered in order: for a frontend that calls once
+	// per MoE layer, so a decode step does not pay call setup once per layer. A bad message gets
+	// its own error reply and the stream goes on.
+	ForwardStream(MoeService_ForwardStreamServer) error
+	// The transport floor for `gcmoe bench serve`: answers a ForwardRequest with an output of the
+	// size Forward would return, without running anything. UNIMPLEMENTED unless the service runs
+	// with server.echo on.
+	Echo(context.Context, *ForwardRequest) (*ForwardResponse, error)
 	mustEmbedUnimplementedMoeServiceServer()
 }
 
@@ -85,6 +141,12 @@ func (UnimplementedMoeServiceServer) GetModelInfo(context.Context, *GetModelInfo
 }
 func (UnimplementedMoeServiceServer) GetStats(context.Context, *GetStatsRequest) (*Stats, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetStats not implemented")
+}
+func (UnimplementedMoeServiceServer) ForwardStream(MoeService_ForwardStreamServer) error {
+	return status.Errorf(codes.Unimplemented, "method ForwardStream not implemented")
+}
+func (UnimplementedMoeServiceServer) Echo(context.Context, *ForwardRequest) (*ForwardResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Echo not implemented")
 }
 func (UnimplementedMoeServiceServer) mustEmbedUnimplementedMoeServiceServer() {}
 
@@ -153,6 +215,50 @@ func _MoeService_GetStats_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MoeService_ForwardStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(MoeServiceServer).ForwardStream(&moeServiceForwardStreamServer{stream})
+}
+
+type MoeService_ForwardStreamServer interface {
+	Send(*ForwardStreamResponse) error
+	Recv() (*ForwardRequest, error)
+	grpc.ServerStream
+}
+
+type moeServiceForwardStreamServer struct {
+	grpc.ServerStream
+}
+
+func (x *moeServiceForwardStreamServer) Send(m *ForwardStreamResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func (x *moeServiceForwardStreamServer) Recv() (*ForwardRequest, error) {
+	m := new(ForwardRequest)
+	if err := x.ServerStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func _MoeService_Echo_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForwardRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MoeServiceServer).Echo(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/gcmoe.v1.MoeService/Echo",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MoeServiceServer).Echo(ctx, req.(*ForwardRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _MoeService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "gcmoe.v1.MoeService",
 	HandlerType: (*MoeServiceServer)(nil),
@@ -169,7 +275,18 @@ var _MoeService_serviceDesc = grpc.ServiceDesc{
 			MethodName: "GetStats",
 			Handler:    _MoeService_GetStats_Handler,
 		},
+		{
+			MethodName: "Echo",
+			Handler:    _MoeService_Echo_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ForwardStream",
+			Handler:       _MoeService_ForwardStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "gcmoe/v1/moe.proto",
 }
