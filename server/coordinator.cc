@@ -61,7 +61,6 @@ Coordinator::Coordinator(const CoordinatorOptions& options, std::unique_ptr<Bala
       slots_(options.world_size),
       host_(HostName()) {
   watchdog_ = std::thread([this] { WatchdogLoop(); });
-  stepper_ = std::thread([this] { StepperLoop(); });
 }
 
 Coordinator::~Coordinator() {
@@ -72,7 +71,6 @@ Coordinator::~Coordinator() {
   }
   cv_.notify_all();
   work_cv_.notify_all();
-  stepper_.join();
   watchdog_.join();
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return result_readers_ == 0; });
@@ -382,16 +380,28 @@ Status Coordinator::Forward(const gcmoe::v1::ForwardRequest& request,
                              " calls waiting; server.max_queue)");
   }
   pending_.push_back(&call);
-  work_cv_.notify_one();
+  work_cv_.notify_all();  // a leader waiting out the batch window takes it in
   // Synchronous gRPC has no cancellation callback, so a waiting call looks at its own
-  // cancellation now and then; nothing else wakes it but its own answer.
+  // cancellation now and then; nothing else wakes it but its own answer or its turn to lead.
   constexpr auto kCancelPoll = std::chrono::milliseconds(100);
-  while (call.state == Call::State::kWaiting) {
+  for (;;) {
+    if (call.state == Call::State::kDone) return call.status;
+    if (call.state == Call::State::kRunning) {
+      // In a step, which reads the request: the call waits for its end (bounded by
+      // server.step_timeout_ms), whatever its deadline.
+      call.done.wait(lock, [&call] { return call.state == Call::State::kDone; });
+      continue;
+    }
+    if (!stepping_ && pending_.front() == &call) {
+      LeadStepLocked(lock, &call);
+      continue;
+    }
     call.done.wait_until(lock, std::min(deadline, Clock::now() + kCancelPoll));
-    if (call.state != Call::State::kWaiting) break;
+    if (call.state != Call::State::kWaiting || (!stepping_ && pending_.front() == &call)) continue;
     const bool expired = Clock::now() >= deadline;
     if (expired || cancelled()) {
       pending_.erase(std::find(pending_.begin(), pending_.end(), &call));
+      if (!stepping_ && !pending_.empty()) pending_.front()->done.notify_one();
       cv_.notify_all();  // a drain may be waiting for the queue to empty
       if (expired) {
         return DeadlineExceeded("the deadline passed while the call waited for earlier steps");
@@ -399,10 +409,6 @@ Status Coordinator::Forward(const gcmoe::v1::ForwardRequest& request,
       return Aborted("the call was cancelled while it waited for earlier steps");
     }
   }
-  // Once in a step, the step reads the request: the call waits for its end (bounded by
-  // server.step_timeout_ms), whatever its deadline.
-  call.done.wait(lock, [&call] { return call.state == Call::State::kDone; });
-  return call.status;
 }
 
 std::vector<Coordinator::Call*> Coordinator::TakeBatchLocked() {
@@ -428,70 +434,52 @@ std::vector<Coordinator::Call*> Coordinator::TakeBatchLocked() {
   return batch;
 }
 
-void Coordinator::StepperLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  for (;;) {
-    work_cv_.wait(lock, [this] { return stop_ || !pending_.empty(); });
-    if (stop_) break;
-    // A planned new epoch (a refitted placement) is waited out, not failed.
-    if (reconfiguring_ && !serving_) {
-      work_cv_.wait_for(lock, std::chrono::milliseconds(20));
-      continue;
-    }
-    if (options_.batch_window.count() > 0) {
-      // Give calls arriving within the window a place in this step.
-      const auto until = pending_.front()->arrived + options_.batch_window;
-      work_cv_.wait_until(lock, until, [this] {
-        return stop_ || pending_.empty() ||
-               static_cast<int>(pending_.size()) >= options_.max_batch_calls;
-      });
-      if (stop_) break;
-      if (pending_.empty()) continue;
-    }
-    std::vector<Call*> batch = TakeBatchLocked();
-    stepping_ = true;
-    // Calls admitted before a drain began still run: draining refuses only new admissions.
-    Status status;
-    if (!serving_) {
-      status = Unavailable(std::to_string(ReadyCountLocked()) + " of " +
-                           std::to_string(options_.world_size) +
-                           " rank(s) ready; the service is not serving");
-    } else {
-      // A call whose deadline passed while it waited is answered so, not run.
-      const auto now = Clock::now();
-      std::vector<Call*> live;
-      for (Call* call : batch) {
-        if (now >= call->deadline) {
-          call->status =
-              DeadlineExceeded("the deadline passed while the call waited for earlier steps");
-          call->state = Call::State::kDone;
-          call->done.notify_one();
-        } else {
-          live.push_back(call);
-        }
-      }
-      batch.swap(live);
-      if (!batch.empty()) {
-        lock.unlock();
-        status = RunStep(batch);
-        lock.lock();
-      }
-    }
-    for (Call* call : batch) {
-      call->status = status;
+void Coordinator::LeadStepLocked(std::unique_lock<std::mutex>& lock, Call* self) {
+  stepping_ = true;
+  // A planned new epoch (a refitted placement) is waited out, not failed.
+  while (reconfiguring_ && !serving_ && Clock::now() < self->deadline) {
+    work_cv_.wait_for(lock, std::chrono::milliseconds(20));
+  }
+  if (options_.batch_window.count() > 0) {
+    // Give calls arriving within the window a place in this step.
+    work_cv_.wait_until(lock, self->arrived + options_.batch_window, [this] {
+      return static_cast<int>(pending_.size()) >= options_.max_batch_calls;
+    });
+  }
+  std::vector<Call*> batch = TakeBatchLocked();  // `self` is the oldest: it is in the batch
+  // A call whose deadline passed while it waited is answered so, not run.
+  const auto now = Clock::now();
+  std::vector<Call*> live;
+  for (Call* call : batch) {
+    if (now >= call->deadline) {
+      call->status =
+          DeadlineExceeded("the deadline passed while the call waited for earlier steps");
       call->state = Call::State::kDone;
       call->done.notify_one();
+    } else {
+      live.push_back(call);
     }
-    stepping_ = false;
-    cv_.notify_all();  // a drain may be waiting for the step
   }
-  // Shutting down: no call is left waiting for a stepper that has gone.
-  for (Call* call : pending_) {
-    call->status = Unavailable("the service is shutting down");
+  // Calls admitted before a drain began still run: draining refuses only new admissions.
+  Status status;
+  if (!serving_) {
+    status = Unavailable(std::to_string(ReadyCountLocked()) + " of " +
+                         std::to_string(options_.world_size) +
+                         " rank(s) ready; the service is not serving");
+  } else if (!live.empty()) {
+    lock.unlock();
+    status = RunStep(live);
+    lock.lock();
+  }
+  for (Call* call : live) {
+    call->status = status;
     call->state = Call::State::kDone;
     call->done.notify_one();
   }
-  pending_.clear();
+  stepping_ = false;
+  cv_.notify_all();  // a drain may be waiting for the step
+  // The next oldest call leads the next step.
+  if (!pending_.empty()) pending_.front()->done.notify_one();
 }
 
 void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<Piece>& pieces,

@@ -1,12 +1,13 @@
 // The coordinator: which rank processes are attached and ready, and the execution of Forward
 // steps across them, one step at a time in arrival order.
 //
-// Admission: each Forward call waits on its own condition until the stepper thread has run it
-// (no shared wake-ups). The stepper takes the oldest waiting call and merges into its step the
-// other waiting calls for the same layer and dtypes, up to server.max_batch_calls calls and
+// Admission: each Forward call waits on its own condition (no shared wake-ups). The thread of
+// the oldest waiting call leads the next step when none runs: it merges into its step the other
+// waiting calls for the same layer and dtypes, up to server.max_batch_calls calls and
 // parallel.ranks x engine.max_tokens_per_rank tokens (optionally after waiting
-// server.batch_window_us for more). The numerics are row-independent, so each caller gets the
-// same bytes as it would alone.
+// server.batch_window_us for more), then wakes the next oldest call to lead. A lone call thus
+// runs on its own thread with no hand-off. The numerics are row-independent, so each caller gets
+// the same bytes as it would alone.
 //
 // Data path: a rank on this host gets its shard through a RankIo region (shared memory) the
 // coordinator writes straight from the requests, and writes its output there, from where each
@@ -146,7 +147,10 @@ class Coordinator {
   void SetServingLocked(bool serving);
   void Deliver(Outbox* outbox);
   void NotifyServing();
-  void StepperLoop();
+  // Runs the next step, for the oldest waiting call (`self`, whose caller's thread runs it: no
+  // hand-off to another thread when calls do not queue) and the calls merged with it; then
+  // wakes the next oldest to lead the step after.
+  void LeadStepLocked(std::unique_lock<std::mutex>& lock, Call* self);
   // Takes the calls of the next step out of pending_ (the oldest and those it can merge).
   std::vector<Call*> TakeBatchLocked();
   // Runs one step for `calls` and fills each call's response; the status is every call's.
@@ -190,12 +194,11 @@ class Coordinator {
   bool stop_ = false;
   std::thread watchdog_;
   std::string host_;  // this host's name: ranks with the same one get a RankIo region
-  // Admitted calls not yet in a step, oldest first, and whether the stepper is in a step.
+  // Admitted calls not yet in a step, oldest first.
   std::deque<Call*> pending_;
-  bool stepping_ = false;
-  std::condition_variable work_cv_;  // the stepper: a call arrived, or the state changed
-  std::thread stepper_;
-  int result_readers_ = 0;  // StartResultReader threads still running (guarded by mu_)
+  bool stepping_ = false;            // a caller is leading a step
+  std::condition_variable work_cv_;  // the leader: a call arrived, or the state changed
+  int result_readers_ = 0;           // StartResultReader threads still running (guarded by mu_)
 
   std::mutex notify_mu_;  // serializes serving callbacks so the last one reflects the state
   std::vector<std::function<void(bool)>> on_serving_;
