@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,22 +17,47 @@
 namespace gcmoe::config {
 
 struct ModelConfig {
-  int hidden = 0;                   // model.hidden (H)
-  int intermediate = 0;             // model.intermediate (I)
-  int experts = 0;                  // model.experts (E)
-  int top_k = 0;                    // model.top_k
-  int layers = 0;                   // model.layers
-  int shared_intermediate = 0;      // model.shared_intermediate (0 = no shared expert)
-  float activation_alpha = 1.0f;    // model.activation.alpha
+  int hidden = 0;                         // model.hidden (H)
+  int intermediate = 0;                   // model.intermediate (I)
+  int experts = 0;                        // model.experts (E)
+  int top_k = 0;                          // model.top_k
+  int layers = 0;                         // model.layers
+  int shared_intermediate = 0;            // model.shared_intermediate (0 = no shared expert)
+  float activation_alpha = 1.0f;          // model.activation.alpha
   std::optional<float> activation_clamp;  // model.activation.clamp (null = none)
-  std::string weights;              // model.weights: "synthetic:SEED" or a safetensors path
+  float activation_up_offset = 0.0f;      // model.activation.up_offset: g*sigmoid(a g)*(u + this)
+  // model.weights: "synthetic:SEED", a safetensors path, or "hf:DIR" (a Hugging Face
+  // checkpoint directory, whose config.json then supplies every key above not given)
+  std::string weights;
+  // Not a key: with "hf:DIR", the model layer behind each MoE layer (dense layers are not
+  // served); empty = MoE layer l is model layer l.
+  std::vector<int> moe_layer_ids;
 };
 
+// What a checkpoint directory fixes about the model (model.weights "hf:DIR"). It is read by the
+// engine's checkpoint reader, which config/ may not include: callers pass a CheckpointReader.
+struct CheckpointModel {
+  std::string source;  // "DIR/config.json", for messages
+  int hidden = 0;
+  int intermediate = 0;
+  int experts = 0;
+  int top_k = 0;
+  int layers = 0;  // MoE layers
+  int shared_intermediate = 0;
+  float activation_alpha = 1.0f;
+  std::optional<float> activation_clamp;
+  float activation_up_offset = 0.0f;
+  std::vector<int> moe_layer_ids;
+  std::map<std::string, std::string> source_keys;  // "hidden" -> "hidden_size", ...
+};
+// weights ("hf:DIR") -> what its config.json says, or why it cannot be read.
+using CheckpointReader = std::function<Result<CheckpointModel>(const std::string& weights)>;
+
 struct ParallelConfig {
-  int ranks = 1;                    // parallel.ranks
-  std::vector<int> devices;         // parallel.devices: GPU per rank (cuda); default rank r: GPU r
-  bool restart_ranks = true;        // parallel.restart_ranks: `serve` restarts a dead rank
-  int restart_backoff_ms = 1000;    // parallel.restart_backoff_ms
+  int ranks = 1;                  // parallel.ranks
+  std::vector<int> devices;       // parallel.devices: GPU per rank (cuda); default rank r: GPU r
+  bool restart_ranks = true;      // parallel.restart_ranks: `serve` restarts a dead rank
+  int restart_backoff_ms = 1000;  // parallel.restart_backoff_ms
 };
 
 // engine.cuda: settings of the CUDA backend that an operator may tune. Experiment-only switches
@@ -57,10 +84,10 @@ struct CudaEngineConfig {
 };
 
 struct EngineConfig {
-  std::string backend = "cpu";      // engine.backend: "cpu" | "cuda"
-  int threads = 0;                  // engine.threads: CPU worker threads per rank, 0 = auto
-  int max_tokens_per_rank = 256;    // engine.max_tokens_per_rank: capacity of every buffer
-  int exchange_timeout_ms = 2000;   // engine.exchange_timeout_ms: longest wait on a peer
+  std::string backend = "cpu";     // engine.backend: "cpu" | "cuda"
+  int threads = 0;                 // engine.threads: CPU worker threads per rank, 0 = auto
+  int max_tokens_per_rank = 256;   // engine.max_tokens_per_rank: capacity of every buffer
+  int exchange_timeout_ms = 2000;  // engine.exchange_timeout_ms: longest wait on a peer
   // engine.dispatch_sms (cuda): SMs asked for the dispatch green context, the GEMM on the rest;
   // 0 (the default) = no partition, dispatch then GEMM on every SM: measured faster than every
   // split on an H200, one GPU and two (docs/DESIGN-NOTES.md)
@@ -72,31 +99,31 @@ struct EngineConfig {
 };
 
 struct BalancerConfig {
-  bool enabled = false;             // balancer.enabled
-  std::string topology = "ring";    // balancer.topology: "ring" | "cube" | "torus:AxB"
-  int replicas_per_rank = 2;        // balancer.replicas_per_rank (D)
-  int fractional_bits = 20;         // balancer.fractional_bits (F), the solver's fixed point
-  std::optional<int> passes = 12;   // balancer.passes: a count, or "auto" (nullopt)
+  bool enabled = false;               // balancer.enabled
+  std::string topology = "ring";      // balancer.topology: "ring" | "cube" | "torus:AxB"
+  int replicas_per_rank = 2;          // balancer.replicas_per_rank (D)
+  int fractional_bits = 20;           // balancer.fractional_bits (F), the solver's fixed point
+  std::optional<int> passes = 12;     // balancer.passes: a count, or "auto" (nullopt)
   std::string placement = "uniform";  // balancer.placement: "uniform" | "file" | "observed"
-  std::string placement_file;       // balancer.placement_file: mean loads [layers][experts]
-  int refit_steps = 0;              // balancer.refit_steps: refit every N steps ("observed")
+  std::string placement_file;         // balancer.placement_file: mean loads [layers][experts]
+  int refit_steps = 0;                // balancer.refit_steps: refit every N steps ("observed")
 };
 
 struct ServerConfig {
-  std::string listen = "127.0.0.1:50051";     // server.listen (host:port)
-  std::string rank_listen = "127.0.0.1:0";    // server.rank_listen: where ranks attach (0 = any)
-  std::string coordinator;                    // server.coordinator: address ranks dial
-  int64_t max_message_bytes = 0;    // server.max_message_bytes: 0 = derived from capacity
-  int default_deadline_ms = 30000;  // server.default_deadline_ms: when the client sets none
+  std::string listen = "127.0.0.1:50051";   // server.listen (host:port)
+  std::string rank_listen = "127.0.0.1:0";  // server.rank_listen: where ranks attach (0 = any)
+  std::string coordinator;                  // server.coordinator: address ranks dial
+  int64_t max_message_bytes = 0;            // server.max_message_bytes: 0 = derived from capacity
+  int default_deadline_ms = 30000;          // server.default_deadline_ms: when the client sets none
   int max_queue = 64;               // server.max_queue: Forward calls waiting for the engine
   int startup_timeout_ms = 120000;  // server.startup_timeout_ms: ranks must be ready by then
   int step_timeout_ms = 60000;      // server.step_timeout_ms: a step unanswered by then fails
 };
 
 struct LoggingConfig {
-  std::string level = "info";       // logging.level: trace|debug|info|warn|error
-  std::string format = "text";      // logging.format: "text" | "json"
-  std::string file;                 // logging.file: empty = stderr
+  std::string level = "info";   // logging.level: trace|debug|info|warn|error
+  std::string format = "text";  // logging.format: "text" | "json"
+  std::string file;             // logging.file: empty = stderr
 };
 
 struct Config {
@@ -126,9 +153,14 @@ const std::string& DefaultConfigText();
 // A bad config is INVALID_ARGUMENT with one problem per line ("path: expected X, got Y"; JSON
 // syntax errors as "line L, column C: invalid JSON: ..."); messages do not name the source, so
 // callers prefix it. LoadConfigFile: NOT_FOUND when the file cannot be read.
+// With model.weights "hf:DIR" and a `checkpoint` reader, the model keys not given come from the
+// checkpoint and those given must agree with it ("model.hidden: expected 2880 (hidden_size in
+// DIR/config.json), got 2048"); without a reader they are required as for any other weights.
 Result<Config> ParseConfig(const std::string& json_text, const std::string& source_name,
-                           const std::vector<std::string>& overrides = {});
+                           const std::vector<std::string>& overrides = {},
+                           const CheckpointReader& checkpoint = {});
 Result<Config> LoadConfigFile(const std::string& path,
-                              const std::vector<std::string>& overrides = {});
+                              const std::vector<std::string>& overrides = {},
+                              const CheckpointReader& checkpoint = {});
 
 }  // namespace gcmoe::config

@@ -37,8 +37,8 @@ grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
       deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     client_deadline - std::chrono::system_clock::now());
     }
-    status = coordinator_->Forward(*request, validated, deadline,
-                                   [context] { return context->IsCancelled(); }, response);
+    status = coordinator_->Forward(
+        *request, validated, deadline, [context] { return context->IsCancelled(); }, response);
   }
   if (!status.ok()) {
     stats_->RecordFailure(StatusCodeName(status.code()));
@@ -71,9 +71,8 @@ grpc::Status MoeServiceImpl::GetModelInfo(grpc::ServerContext*,
   info->set_activation_clamp_enabled(m.activation_clamp.has_value());
   info->set_activation_clamp(m.activation_clamp.value_or(0.0f));
   info->set_routed_weight_format("E2M1 (FP4) with UE8M0 scales per 32 along K");
-  info->set_shared_weight_format(m.shared_intermediate > 0
-                                     ? "E4M3 with UE8M0 scales per 32 along K"
-                                     : "none");
+  info->set_shared_weight_format(m.shared_intermediate > 0 ? "E4M3 with UE8M0 scales per 32 along K"
+                                                           : "none");
   info->add_hidden_dtypes(gcmoe::v1::BF16);
   info->add_hidden_dtypes(gcmoe::v1::FP32);
   info->add_hidden_dtypes(gcmoe::v1::FP8_E4M3);
@@ -86,6 +85,10 @@ grpc::Status MoeServiceImpl::GetModelInfo(grpc::ServerContext*,
   info->set_version(GCMOE_VERSION);
   info->set_weights(m.weights);
   info->set_max_message_bytes(static_cast<uint64_t>(max_message_bytes_));
+  info->set_activation_up_offset(m.activation_up_offset);
+  for (int l = 0; l < m.layers; ++l) {
+    info->add_model_layers(m.moe_layer_ids.empty() ? l : m.moe_layer_ids[l]);
+  }
   return grpc::Status::OK;
 }
 
