@@ -7,7 +7,6 @@
 #include <cstring>
 #include <thread>
 
-
 #include <cuda_runtime.h>
 #include <spdlog/spdlog.h>
 
@@ -55,22 +54,34 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   const CudaTuning& tuning = options.cuda;
   if (tuning.overlap_roles != "auto" && tuning.overlap_roles != "on" &&
       tuning.overlap_roles != "off") {
-    return InvalidArgument("cuda backend: engine.cuda.overlap_roles is \"auto\", \"on\" or "
-                           "\"off\", not \"" + tuning.overlap_roles + "\"");
+    return InvalidArgument(
+        "cuda backend: engine.cuda.overlap_roles is \"auto\", \"on\" or "
+        "\"off\", not \"" +
+        tuning.overlap_roles + "\"");
   }
   if (tuning.ring_blocks < 0 || tuning.role1_grid < 0 || tuning.wait_timeout_ms < 1 ||
       tuning.wait_sleep_cap_ns < static_cast<int>(kernels::kShortWaitSleepNs) ||
       tuning.wait_sleep_cap_ns > 1000000) {
     return InvalidArgument(
         "cuda backend: engine.cuda: ring_blocks and role1_grid >= 0, wait_timeout_ms >= 1, "
-        "wait_sleep_cap_ns in " + std::to_string(kernels::kShortWaitSleepNs) + "..1000000");
+        "wait_sleep_cap_ns in " +
+        std::to_string(kernels::kShortWaitSleepNs) + "..1000000");
   }
+  // What the GPU kernels do not implement yet is refused here, before anything is served
+  // wrong; the CPU backend serves these models (DESIGN.md §4).
   if (m.hidden % 128 != 0 || m.intermediate % 128 != 0 || m.shared_intermediate % 128 != 0) {
-    return InvalidArgument(
+    return Unimplemented(
         "cuda backend: model.hidden, model.intermediate and "
         "model.shared_intermediate must be multiples of 128 (got " +
         std::to_string(m.hidden) + ", " + std::to_string(m.intermediate) + ", " +
-        std::to_string(m.shared_intermediate) + ")");
+        std::to_string(m.shared_intermediate) +
+        "): the GPU kernels have no K or N tails of 32; use engine.backend \"cpu\"");
+  }
+  if (m.activation_up_offset != 0.0f) {
+    return Unimplemented(
+        "cuda backend: model.activation.up_offset is " + std::to_string(m.activation_up_offset) +
+        ": the GPU kernels implement g * sigmoid(alpha g) * u, not the gpt-oss activation "
+        "g * sigmoid(alpha g) * (u + offset); use engine.backend \"cpu\"");
   }
   if (options.max_tokens_per_rank <= 0) {
     return InvalidArgument("cuda backend: max_tokens_per_rank must be positive");
@@ -127,8 +138,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   // P > 1 runs the roles one after the other by default: overlapped, the 2 x H200 steps were
   // correct but slow and erratic (docs/DESIGN-NOTES.md, multi-GPU). Without a dispatch partition
   // the layer graph runs them in sequence whatever this says.
-  graph_options.sequential = tuning.overlap_roles == "auto" ? options.world_size > 1
-                                                            : tuning.overlap_roles == "off";
+  graph_options.sequential =
+      tuning.overlap_roles == "auto" ? options.world_size > 1 : tuning.overlap_roles == "off";
   graph_options.timeout_ns = static_cast<uint64_t>(tuning.wait_timeout_ms) * 1000000ull;
   graph_options.wait_sleep_ns = static_cast<uint32_t>(tuning.wait_sleep_cap_ns);
   graph_options.record_sm_ids = tuning.record_sm_ids;
