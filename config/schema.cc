@@ -82,8 +82,9 @@ void ReadModel(ObjectReader r, ModelConfig* m, const CheckpointReader& reader) {
   // Without a readable checkpoint the shape keys are required as for any other weights.
   const bool required = !checkpoint.has_value();
   CheckpointAgreement agree(checkpoint ? &*checkpoint : nullptr, r.problems());
-  auto int_key = [&](const char* key, const IntRule& rule, int* out, int CheckpointModel::*field) {
-    const bool given = r.Int(key, rule, out, required);
+  auto int_key = [&](const char* key, const IntRule& rule, int* out, int CheckpointModel::*field,
+                     bool may_be_required = true) {
+    const bool given = r.Int(key, rule, out, required && may_be_required);
     if (checkpoint) {
       const int value = (*checkpoint).*field;
       agree.Settle(r.PathOf(key), key, given, value, out, std::to_string(value),
@@ -99,7 +100,8 @@ void ReadModel(ObjectReader r, ModelConfig* m, const CheckpointReader& reader) {
           {.min = 0,
            .multiple_of = 32,
            .expected = "0 (no shared expert) or a positive multiple of 32"},
-          &m->shared_intermediate, &CheckpointModel::shared_intermediate);
+          &m->shared_intermediate, &CheckpointModel::shared_intermediate,
+          /*may_be_required=*/false);
 
   ObjectReader activation = r.Object("activation", "an object with alpha, clamp and up_offset");
   const bool alpha_given = activation.PositiveFloat("alpha", &m->activation_alpha);
