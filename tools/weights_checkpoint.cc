@@ -22,16 +22,22 @@ namespace {
 double GiB(uint64_t bytes) { return static_cast<double>(bytes) / (1ull << 30); }
 double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1ull << 20); }
 
-std::string Activation(const engine::HfCheckpoint& c) {
-  char text[160];
-  std::snprintf(text, sizeof(text), "g * sigmoid(%g g) * (u%s)%s", c.activation_alpha,
-                c.activation_up_offset != 0.0f
-                    ? (" + " + std::to_string(static_cast<int>(c.activation_up_offset))).c_str()
-                    : "",
-                c.activation_clamp
-                    ? (", g <= " + std::to_string(*c.activation_clamp) + ", |u| <= limit").c_str()
-                    : "");
+// "%g" of a float: "7", "1.702".
+std::string Number(float v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", static_cast<double>(v));
   return text;
+}
+
+// "g * sigmoid(1.702 g) * (u + 1), g <= 7, |u| <= 7"
+std::string Activation(const engine::HfCheckpoint& c) {
+  std::string s = "g * sigmoid(" + Number(c.activation_alpha) + " g) * (u";
+  if (c.activation_up_offset != 0.0f) s += " + " + Number(c.activation_up_offset);
+  s += ")";
+  if (c.activation_clamp) {
+    s += ", g <= " + Number(*c.activation_clamp) + ", |u| <= " + Number(*c.activation_clamp);
+  }
+  return s;
 }
 
 std::string LayerList(const std::vector<int>& ids) {
@@ -157,8 +163,7 @@ int RunWeightsConvert(int argc, char** argv) {
               "safetensors layout (DESIGN.md section 4), pre-quantized as served: MXFP4 routed\n"
               "experts (gpt-oss codes as stored, others quantized), E4M3 shared experts, F32\n"
               "biases. `gcmoe weights check OUT` with the printed shape flags validates it.");
-  flags.Positional("SOURCE", "hf:DIR, the checkpoint to convert");
-  flags.Positional("OUT", "the safetensors file to write");
+  flags.Positional("SOURCE OUT", "SOURCE is hf:DIR, the checkpoint; OUT the safetensors file");
   if (int rc = flags.ParseOrExit(argc, argv, 2); rc >= 0) return rc;
   if (flags.positional().size() != 2) {
     std::fprintf(stderr, "gcmoe weights convert: expected SOURCE and OUT\n\n%s",
@@ -220,10 +225,10 @@ int RunWeightsConvert(int argc, char** argv) {
       "--top-k %d --layers %d --shared-intermediate %d\n",
       out.c_str(), c.hidden, c.intermediate, c.experts, c.top_k, spec.num_layers,
       c.shared_intermediate);
-  std::printf("serve it with model.activation {\"alpha\": %g, \"clamp\": %s, \"up_offset\": %g}\n",
-              c.activation_alpha,
-              c.activation_clamp ? std::to_string(*c.activation_clamp).c_str() : "null",
-              c.activation_up_offset);
+  std::printf("serve it with model.activation {\"alpha\": %s, \"clamp\": %s, \"up_offset\": %s}\n",
+              Number(c.activation_alpha).c_str(),
+              c.activation_clamp ? Number(*c.activation_clamp).c_str() : "null",
+              Number(c.activation_up_offset).c_str());
   return 0;
 }
 
