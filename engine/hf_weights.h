@@ -53,9 +53,10 @@ class HfWeightSource final : public WeightSource {
   // "DIR/model-00001-of-00002.safetensors: model.layers.0.mlp.experts.3.up_proj.weight"
   std::string Where(const std::string& name) const;
 
-  // One [rows, cols] matrix of a per-expert family as floats (rows of `out` from row0 on),
-  // values checked; expert -1 is the shared expert.
+  // One [rows, cols] matrix of a per-expert family as floats into `out`, values checked (NaN,
+  // Inf, E4M3 NaN codes, non-finite block scales).
   Status ReadMatrix(const std::string& name, int64_t rows, int64_t cols, float* out) const;
+  // gate, up and down of one expert (-1: the shared expert) as our W1 [2 inter, H], W2 [H, inter].
   Result<DenseExpertWeights> LoadPerExpertDense(int layer, int expert, int inter) const;
   Result<ExpertWeights> LoadGptOss(int layer, int expert) const;
   uint64_t ExpertBytes(int layer, int expert) const;
