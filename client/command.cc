@@ -111,8 +111,18 @@ void PrintModelInfo(const std::string& addr, const v1::ModelInfo& m) {
               m.shared_intermediate() > 0
                   ? ("shared expert I_s=" + std::to_string(m.shared_intermediate())).c_str()
                   : "no shared expert");
-  std::printf("  activation  SwiGLU, alpha %g, clamp %s\n", m.activation_alpha(),
-              m.activation_clamp_enabled() ? Fixed(m.activation_clamp(), 3).c_str() : "none");
+  std::printf("  activation  SwiGLU, alpha %g, clamp %s, up offset %g\n", m.activation_alpha(),
+              m.activation_clamp_enabled() ? Fixed(m.activation_clamp(), 3).c_str() : "none",
+              m.activation_up_offset());
+  // Which model layer each MoE layer is, where they differ (dense layers are not served).
+  bool identity = true;
+  std::string model_layers;
+  for (int l = 0; l < m.model_layers_size(); ++l) {
+    identity = identity && m.model_layers(l) == static_cast<uint32_t>(l);
+    model_layers += (l ? "," : "") + std::to_string(m.model_layers(l));
+  }
+  if (!identity)
+    std::printf("  layers      MoE layer i is model layer [%s][i]\n", model_layers.c_str());
   std::printf("  weights     %s\n", m.weights().c_str());
   std::printf("              routed: %s\n", m.routed_weight_format().c_str());
   if (m.shared_intermediate() > 0) {

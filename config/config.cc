@@ -42,6 +42,7 @@ ordered_json ModelJson(const ModelConfig& m) {
   ordered_json activation = ordered_json::object();
   activation["alpha"] = FloatJson(m.activation_alpha);
   activation["clamp"] = m.activation_clamp ? FloatJson(*m.activation_clamp) : ordered_json();
+  activation["up_offset"] = FloatJson(m.activation_up_offset);
   ordered_json j = ordered_json::object();
   j["hidden"] = m.hidden;
   j["intermediate"] = m.intermediate;
@@ -190,7 +191,8 @@ Config DefaultConfig() {
 }
 
 Result<Config> ParseConfig(const std::string& json_text, const std::string& source_name,
-                           const std::vector<std::string>& overrides) {
+                           const std::vector<std::string>& overrides,
+                           const CheckpointReader& checkpoint) {
   json document;
   try {
     document = json::parse(json_text);
@@ -203,7 +205,7 @@ Result<Config> ParseConfig(const std::string& json_text, const std::string& sour
   Config config;
   try {
     internal::ApplyOverrides(overrides, &document, &problems);
-    config = internal::ReadConfig(document, &problems);
+    config = internal::ReadConfig(document, &problems, checkpoint);
     // Rules between keys would only restate that the document is not an object at all.
     if (document.is_object()) internal::CheckCrossFieldRules(config, &problems);
   } catch (const json::exception& e) {
@@ -214,13 +216,14 @@ Result<Config> ParseConfig(const std::string& json_text, const std::string& sour
   return config;
 }
 
-Result<Config> LoadConfigFile(const std::string& path, const std::vector<std::string>& overrides) {
+Result<Config> LoadConfigFile(const std::string& path, const std::vector<std::string>& overrides,
+                              const CheckpointReader& checkpoint) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return NotFound("cannot read config file " + path + ": " + std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return DataLoss("error reading config file " + path);
-  return ParseConfig(text.str(), path, overrides);
+  return ParseConfig(text.str(), path, overrides, checkpoint);
 }
 
 }  // namespace gcmoe::config

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,8 +25,33 @@ struct ModelConfig {
   int shared_intermediate = 0;            // model.shared_intermediate (0 = no shared expert)
   float activation_alpha = 1.0f;          // model.activation.alpha
   std::optional<float> activation_clamp;  // model.activation.clamp (null = none)
-  std::string weights;                    // model.weights: "synthetic:SEED" or a safetensors path
+  float activation_up_offset = 0.0f;      // model.activation.up_offset: g*sigmoid(a g)*(u + this)
+  // model.weights: "synthetic:SEED", a safetensors path, or "hf:DIR" (a Hugging Face
+  // checkpoint directory, whose config.json then supplies every key above not given)
+  std::string weights;
+  // Not a key: with "hf:DIR", the model layer behind each MoE layer (dense layers are not
+  // served); empty = MoE layer l is model layer l.
+  std::vector<int> moe_layer_ids;
 };
+
+// What a checkpoint directory fixes about the model (model.weights "hf:DIR"). It is read by the
+// engine's checkpoint reader, which config/ may not include: callers pass a CheckpointReader.
+struct CheckpointModel {
+  std::string source;  // "DIR/config.json", for messages
+  int hidden = 0;
+  int intermediate = 0;
+  int experts = 0;
+  int top_k = 0;
+  int layers = 0;  // MoE layers
+  int shared_intermediate = 0;
+  float activation_alpha = 1.0f;
+  std::optional<float> activation_clamp;
+  float activation_up_offset = 0.0f;
+  std::vector<int> moe_layer_ids;
+  std::map<std::string, std::string> source_keys;  // "hidden" -> "hidden_size", ...
+};
+// weights ("hf:DIR") -> what its config.json says, or why it cannot be read.
+using CheckpointReader = std::function<Result<CheckpointModel>(const std::string& weights)>;
 
 struct ParallelConfig {
   int ranks = 1;                  // parallel.ranks
@@ -139,9 +166,14 @@ const std::string& DefaultConfigText();
 // A bad config is INVALID_ARGUMENT with one problem per line ("path: expected X, got Y"; JSON
 // syntax errors as "line L, column C: invalid JSON: ..."); messages do not name the source, so
 // callers prefix it. LoadConfigFile: NOT_FOUND when the file cannot be read.
+// With model.weights "hf:DIR" and a `checkpoint` reader, the model keys not given come from the
+// checkpoint and those given must agree with it ("model.hidden: expected 2880 (hidden_size in
+// DIR/config.json), got 2048"); without a reader they are required as for any other weights.
 Result<Config> ParseConfig(const std::string& json_text, const std::string& source_name,
-                           const std::vector<std::string>& overrides = {});
+                           const std::vector<std::string>& overrides = {},
+                           const CheckpointReader& checkpoint = {});
 Result<Config> LoadConfigFile(const std::string& path,
-                              const std::vector<std::string>& overrides = {});
+                              const std::vector<std::string>& overrides = {},
+                              const CheckpointReader& checkpoint = {});
 
 }  // namespace gcmoe::config

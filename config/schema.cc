@@ -2,6 +2,8 @@
 #include <cctype>
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
+#include <optional>
 
 #include "config/object_reader.h"
 #include "config/schema.h"
@@ -26,22 +28,91 @@ constexpr IntRule kPositiveMs{.min = 1, .expected = "a positive integer (millise
 constexpr IntRule kMultipleOf32{
     .min = 1, .multiple_of = 32, .expected = "a positive multiple of 32"};
 
-void ReadModel(ObjectReader r, ModelConfig* m) {
-  r.Int("hidden", kMultipleOf32, &m->hidden, true);
-  r.Int("intermediate", kMultipleOf32, &m->intermediate, true);
-  r.Int("experts", kPositive, &m->experts, true);
-  r.Int("top_k", kPositive, &m->top_k, true);
-  r.Int("layers", kPositive, &m->layers, true);
-  r.Int("shared_intermediate",
-        {.min = 0,
-         .multiple_of = 32,
-         .expected = "0 (no shared expert) or a positive multiple of 32"},
-        &m->shared_intermediate);
+std::string FloatText(float v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", static_cast<double>(v));
+  return text;
+}
 
-  ObjectReader activation = r.Object("activation", "an object with alpha and clamp");
-  activation.PositiveFloat("alpha", &m->activation_alpha);
+// With "hf:DIR" weights: the checkpoint's value where the key is absent; where it is present,
+// the two must agree, and the problem names both.
+class CheckpointAgreement {
+ public:
+  CheckpointAgreement(const CheckpointModel* checkpoint, Problems* problems)
+      : checkpoint_(checkpoint), problems_(problems) {}
+
+  bool active() const { return checkpoint_ != nullptr; }
+
+  template <typename T>
+  void Settle(const std::string& path, const char* field, bool given, T checkpoint_value, T* value,
+              const std::string& text_of_checkpoint, const std::string& text_of_given) {
+    if (checkpoint_ == nullptr) return;
+    if (!given) {
+      *value = checkpoint_value;
+      return;
+    }
+    if (*value == checkpoint_value) return;
+    const auto key = checkpoint_->source_keys.find(field);
+    problems_->Expected(
+        path,
+        text_of_checkpoint + " (" +
+            (key == checkpoint_->source_keys.end() ? std::string(field) : key->second) + " in " +
+            checkpoint_->source + "), or leave the key out",
+        text_of_given);
+  }
+
+ private:
+  const CheckpointModel* checkpoint_;
+  Problems* problems_;
+};
+
+void ReadModel(ObjectReader r, ModelConfig* m, const CheckpointReader& reader) {
+  r.String("weights", "\"synthetic:SEED\", \"hf:DIR\" or a safetensors file path", IsWeightsSpec,
+           &m->weights, true);
+  std::optional<CheckpointModel> checkpoint;
+  if (m->weights.rfind("hf:", 0) == 0 && reader) {
+    Result<CheckpointModel> read = reader(m->weights);
+    if (read.ok()) {
+      checkpoint = std::move(read).value();
+      m->moe_layer_ids = checkpoint->moe_layer_ids;
+    } else {
+      r.problems()->Add(r.PathOf("weights"), read.status().message());
+    }
+  }
+  // Without a readable checkpoint the shape keys are required as for any other weights.
+  const bool required = !checkpoint.has_value();
+  CheckpointAgreement agree(checkpoint ? &*checkpoint : nullptr, r.problems());
+  auto int_key = [&](const char* key, const IntRule& rule, int* out, int CheckpointModel::*field,
+                     bool may_be_required = true) {
+    const bool given = r.Int(key, rule, out, required && may_be_required);
+    if (checkpoint) {
+      const int value = (*checkpoint).*field;
+      agree.Settle(r.PathOf(key), key, given, value, out, std::to_string(value),
+                   std::to_string(*out));
+    }
+  };
+  int_key("hidden", kMultipleOf32, &m->hidden, &CheckpointModel::hidden);
+  int_key("intermediate", kMultipleOf32, &m->intermediate, &CheckpointModel::intermediate);
+  int_key("experts", kPositive, &m->experts, &CheckpointModel::experts);
+  int_key("top_k", kPositive, &m->top_k, &CheckpointModel::top_k);
+  int_key("layers", kPositive, &m->layers, &CheckpointModel::layers);
+  int_key("shared_intermediate",
+          {.min = 0,
+           .multiple_of = 32,
+           .expected = "0 (no shared expert) or a positive multiple of 32"},
+          &m->shared_intermediate, &CheckpointModel::shared_intermediate,
+          /*may_be_required=*/false);
+
+  ObjectReader activation = r.Object("activation", "an object with alpha, clamp and up_offset");
+  const bool alpha_given = activation.PositiveFloat("alpha", &m->activation_alpha);
+  if (checkpoint) {
+    agree.Settle(activation.PathOf("alpha"), "alpha", alpha_given, checkpoint->activation_alpha,
+                 &m->activation_alpha, FloatText(checkpoint->activation_alpha),
+                 FloatText(m->activation_alpha));
+  }
   const std::string clamp_expected = "a positive number or null";
-  if (const json* clamp = activation.Raw("clamp", clamp_expected)) {
+  const json* clamp = activation.Raw("clamp", clamp_expected);
+  if (clamp != nullptr) {
     const double d = clamp->is_number() ? clamp->get<double>() : 0.0;
     if (clamp->is_null()) {
       m->activation_clamp.reset();
@@ -51,10 +122,28 @@ void ReadModel(ObjectReader r, ModelConfig* m) {
       r.problems()->Expected(activation.PathOf("clamp"), clamp_expected, Describe(*clamp));
     }
   }
+  if (checkpoint) {
+    auto text = [](const std::optional<float>& c) { return c ? FloatText(*c) : "null"; };
+    agree.Settle(activation.PathOf("clamp"), "clamp", clamp != nullptr,
+                 checkpoint->activation_clamp, &m->activation_clamp,
+                 text(checkpoint->activation_clamp), text(m->activation_clamp));
+  }
+  const std::string offset_expected = "a finite number (0 = plain SwiGLU)";
+  const json* offset = activation.Raw("up_offset", offset_expected);
+  if (offset != nullptr) {
+    if (offset->is_number() && std::isfinite(offset->get<double>()) &&
+        std::fabs(offset->get<double>()) <= FLT_MAX) {
+      m->activation_up_offset = offset->get<float>();
+    } else {
+      r.problems()->Expected(activation.PathOf("up_offset"), offset_expected, Describe(*offset));
+    }
+  }
+  if (checkpoint) {
+    agree.Settle(activation.PathOf("up_offset"), "up_offset", offset != nullptr,
+                 checkpoint->activation_up_offset, &m->activation_up_offset,
+                 FloatText(checkpoint->activation_up_offset), FloatText(m->activation_up_offset));
+  }
   activation.Finish();
-
-  r.String("weights", "\"synthetic:SEED\" or a safetensors file path", IsWeightsSpec, &m->weights,
-           true);
   r.Finish();
 }
 
@@ -209,6 +298,7 @@ bool IsWeightsSpec(const std::string& text) {
     // A 64-bit seed has at most 20 digits.
     return AllDigits(seed) && seed.size() <= 19;
   }
+  if (text.rfind("hf:", 0) == 0) return text.size() > 3;
   return !text.empty();
 }
 
@@ -230,7 +320,7 @@ bool ParseTopology(const std::string& text, int* a, int* b) {
   return true;
 }
 
-Config ReadConfig(const json& document, Problems* problems) {
+Config ReadConfig(const json& document, Problems* problems, const CheckpointReader& checkpoint) {
   Config config;
   KeyIndex keys;
   if (!document.is_object()) {
@@ -244,7 +334,7 @@ Config ReadConfig(const json& document, Problems* problems) {
   ReadModel(root.Object("model",
                         "an object with hidden, intermediate, experts, top_k, layers and weights",
                         /*required=*/true),
-            &config.model);
+            &config.model, checkpoint);
   ReadParallel(root.Object("parallel", "an object"), &config.parallel);
   ReadEngine(root.Object("engine", "an object"), &config.engine);
   ReadBalancer(root.Object("balancer", "an object"), &config.balancer);

@@ -15,7 +15,9 @@ namespace gcmoe::config::internal {
 
 // Reads a parsed document into a Config, recording every per-key problem (types, ranges,
 // required keys, unknown keys). Keys with problems keep their defaults.
-Config ReadConfig(const nlohmann::json& document, Problems* problems);
+// `checkpoint` (may be empty) reads what an "hf:DIR" model.weights fixes.
+Config ReadConfig(const nlohmann::json& document, Problems* problems,
+                  const CheckpointReader& checkpoint);
 
 // The rules between keys (top_k <= experts, cuda alignment, balancer topology vs ranks, ...).
 // A rule whose inputs already failed their own checks is skipped: it would only repeat them.
@@ -29,7 +31,7 @@ void ApplyOverrides(const std::vector<std::string>& overrides, nlohmann::json* d
 
 // "host:port" (host non-empty, "[v6]:port" allowed; port 0..65535, 0 = any free port).
 bool IsHostPort(const std::string& text);
-// "synthetic:SEED" with a decimal SEED, or a non-empty path.
+// "synthetic:SEED" with a decimal SEED, "hf:DIR", or a non-empty path.
 bool IsWeightsSpec(const std::string& text);
 // "ring", "cube" or "torus:AxB" (A, B >= 1). For a torus, *a and *b receive A and B.
 bool ParseTopology(const std::string& text, int* a = nullptr, int* b = nullptr);

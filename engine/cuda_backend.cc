@@ -67,12 +67,21 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
         "wait_sleep_cap_ns in " +
         std::to_string(kernels::kShortWaitSleepNs) + "..1000000");
   }
+  // What the GPU kernels do not implement yet is refused here, before anything is served
+  // wrong; the CPU backend serves these models (DESIGN.md §4).
   if (m.hidden % 128 != 0 || m.intermediate % 128 != 0 || m.shared_intermediate % 128 != 0) {
-    return InvalidArgument(
+    return Unimplemented(
         "cuda backend: model.hidden, model.intermediate and "
         "model.shared_intermediate must be multiples of 128 (got " +
         std::to_string(m.hidden) + ", " + std::to_string(m.intermediate) + ", " +
-        std::to_string(m.shared_intermediate) + ")");
+        std::to_string(m.shared_intermediate) +
+        "): the GPU kernels have no K or N tails of 32; use engine.backend \"cpu\"");
+  }
+  if (m.activation_up_offset != 0.0f) {
+    return Unimplemented(
+        "cuda backend: model.activation.up_offset is " + std::to_string(m.activation_up_offset) +
+        ": the GPU kernels implement g * sigmoid(alpha g) * u, not the gpt-oss activation "
+        "g * sigmoid(alpha g) * (u + offset); use engine.backend \"cpu\"");
   }
   if (options.max_tokens_per_rank <= 0) {
     return InvalidArgument("cuda backend: max_tokens_per_rank must be positive");

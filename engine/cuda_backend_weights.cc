@@ -49,8 +49,8 @@ Result<int32_t> ShiftBf16Scales(const std::string& what, uint32_t bias,
   if (*lo < shift) {
     return InvalidArgument("cuda backend: " + what + " has block scales from 2^" +
                            std::to_string(*lo - 127) + " to 2^" + std::to_string(*hi - 127) +
-                           ", a wider span than the GPU kernels hold (2^" +
-                           std::to_string(limit) + "); the cpu backend serves it");
+                           ", a wider span than the GPU kernels hold (2^" + std::to_string(limit) +
+                           "); the cpu backend serves it");
   }
   for (uint8_t& code : *scales) code = static_cast<uint8_t>(code - shift);
   return shift;
@@ -109,6 +109,11 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
     std::vector<int32_t> shifts(2 * held_experts_ + 2, 0);  // StepHeader::scale_shift
     for (int slot = 0; slot < held_experts_; ++slot) {
       GCMOE_ASSIGN_OR_RETURN(ExpertWeights w, source.LoadExpert(l, experts[slot]));
+      if (w.has_biases()) {
+        return Unimplemented("cuda backend: " + source.Describe() + " has expert biases (layer " +
+                             std::to_string(l) +
+                             "), which the GPU kernels do not add; use engine.backend \"cpu\"");
+      }
       if (w.w1.size() != static_cast<size_t>(2) * I * H / 2 ||
           w.w2.size() != static_cast<size_t>(H) * I / 2) {
         return Internal("cuda backend: expert " + std::to_string(experts[slot]) + " of layer " +

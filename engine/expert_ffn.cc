@@ -91,8 +91,7 @@ template <typename Rows, typename Store>
 void MatVecRows(const Rows& w, int num_w_rows, int rows, const float* in, std::vector<float>* tile,
                 Store store) {
   const int k = w.cols;
-  const int tile_rows =
-      std::clamp(kTileBytes / (k * static_cast<int>(sizeof(float))), 2, 32) & ~1;
+  const int tile_rows = std::clamp(kTileBytes / (k * static_cast<int>(sizeof(float))), 2, 32) & ~1;
   tile->resize(static_cast<size_t>(tile_rows) * k);
   float* t = tile->data();
   for (int j0 = 0; j0 < num_w_rows; j0 += tile_rows) {
@@ -114,10 +113,12 @@ void MatVecRows(const Rows& w, int num_w_rows, int rows, const float* in, std::v
 }
 
 // DESIGN.md §4 steps 1-4 for one expert over `rows` assignments.
+// b1 [2I] and b2 [H] are the expert's biases, or nullptr.
 template <typename Rows>
-void ExpertFfn(const ModelSpec& spec, const Rows& w1, const Rows& w2, int inter, int rows,
-               const uint8_t* const* x_rows, const uint8_t* const* x_scale_rows,
-               const float* route_weights, uint16_t* const* out_rows, FfnScratch* scratch) {
+void ExpertFfn(const ModelSpec& spec, const Rows& w1, const Rows& w2, const float* b1,
+               const float* b2, int inter, int rows, const uint8_t* const* x_rows,
+               const uint8_t* const* x_scale_rows, const float* route_weights,
+               uint16_t* const* out_rows, FfnScratch* scratch) {
   if (rows <= 0) return;
   const int hidden = spec.hidden;
   scratch->x.resize(static_cast<size_t>(rows) * hidden);
@@ -130,19 +131,22 @@ void ExpertFfn(const ModelSpec& spec, const Rows& w1, const Rows& w2, int inter,
                                 scratch->x.data() + static_cast<int64_t>(r) * hidden);
   }
 
-  // 2. a = Ŵ1 x̂ in FP32, rounded to BF16.
+  // 2. a = Ŵ1 x̂ (+ b1) in FP32, rounded to BF16.
   float* act = scratch->act.data();
   MatVecRows(w1, 2 * inter, rows, scratch->x.data(), &scratch->w_rows,
-             [act, inter](int r, int j, float v) {
+             [act, inter, b1](int r, int j, float v) {
+               if (b1 != nullptr) v += b1[j];
                act[static_cast<int64_t>(r) * 2 * inter + j] = numerics::RoundToBF16(v);
              });
 
-  // 3. SwiGLU with the optional clamp and the routing weight, in FP32, left to right:
-  //    h = ((g' * sigmoid(alpha g')) * u') * w. fmin/fmax as on the device (NaN-ignoring).
+  // 3. SwiGLU with the optional clamp, the up offset and the routing weight, in FP32, left to
+  //    right: h = ((g' * sigmoid(alpha g')) * (u' + offset)) * w. fmin/fmax as on the device
+  //    (NaN-ignoring).
   // 4a. ĥ = dequant(E4M3_k32(h)), block by block.
   const float alpha = spec.activation_alpha;
   const bool clamp = spec.activation_clamp.has_value();
   const float c = clamp ? *spec.activation_clamp : 0.0f;
+  const float up_offset = spec.activation_up_offset;
   for (int r = 0; r < rows; ++r) {
     const float* a = act + static_cast<int64_t>(r) * 2 * inter;
     float* h = scratch->h.data() + static_cast<int64_t>(r) * inter;
@@ -155,7 +159,7 @@ void ExpertFfn(const ModelSpec& spec, const Rows& w1, const Rows& w2, int inter,
         up = std::fmax(std::fmin(up, c), -c);
       }
       const float sig = Sigmoid(alpha * gate);
-      h[i] = gate * sig * up * weight;
+      h[i] = gate * sig * (up + up_offset) * weight;
     }
     for (int b = 0; b < inter; b += numerics::kBlock) {
       uint8_t codes[numerics::kBlock];
@@ -165,9 +169,16 @@ void ExpertFfn(const ModelSpec& spec, const Rows& w1, const Rows& w2, int inter,
     }
   }
 
-  // 4b. p = Ŵ2 ĥ in FP32, rounded to BF16 into the caller's rows.
+  // 4b. p = Ŵ2 ĥ (+ w b2) in FP32, rounded to BF16 into the caller's rows. The routing weight
+  //     is already inside ĥ, so the bias takes it here: w (W2 h + b2) of the model.
   MatVecRows(w2, hidden, rows, scratch->h.data(), &scratch->w_rows,
-             [out_rows](int r, int j, float v) { out_rows[r][j] = numerics::FloatToBF16(v); });
+             [out_rows, b2, route_weights](int r, int j, float v) {
+               if (b2 != nullptr) {
+                 const float weight = route_weights != nullptr ? route_weights[r] : 1.0f;
+                 v += weight * b2[j];
+               }
+               out_rows[r][j] = numerics::FloatToBF16(v);
+             });
 }
 
 }  // namespace
@@ -177,8 +188,10 @@ void RoutedExpertFfn(const ModelSpec& spec, const ExpertWeights& w, int rows,
                      const float* route_weights, uint16_t* const* out_rows, FfnScratch* scratch) {
   const E2M1Rows w1{w.w1.data(), w.w1_scales.data(), spec.hidden};
   const E2M1Rows w2{w.w2.data(), w.w2_scales.data(), spec.intermediate};
-  ExpertFfn(spec, w1, w2, spec.intermediate, rows, x_rows, x_scale_rows, route_weights, out_rows,
-            scratch);
+  const float* b1 = w.has_biases() ? w.b1.data() : nullptr;
+  const float* b2 = w.has_biases() ? w.b2.data() : nullptr;
+  ExpertFfn(spec, w1, w2, b1, b2, spec.intermediate, rows, x_rows, x_scale_rows, route_weights,
+            out_rows, scratch);
 }
 
 void SharedExpertFfn(const ModelSpec& spec, const SharedExpertWeights& w, int rows,
@@ -186,8 +199,8 @@ void SharedExpertFfn(const ModelSpec& spec, const SharedExpertWeights& w, int ro
                      uint16_t* const* out_rows, FfnScratch* scratch) {
   const E4M3Rows w1{w.w1.data(), w.w1_scales.data(), spec.hidden};
   const E4M3Rows w2{w.w2.data(), w.w2_scales.data(), spec.shared_intermediate};
-  ExpertFfn(spec, w1, w2, spec.shared_intermediate, rows, x_rows, x_scale_rows, nullptr, out_rows,
-            scratch);
+  ExpertFfn(spec, w1, w2, nullptr, nullptr, spec.shared_intermediate, rows, x_rows, x_scale_rows,
+            nullptr, out_rows, scratch);
 }
 
 }  // namespace gcmoe::engine

@@ -48,7 +48,9 @@ int64_t FirstBadCode(const uint8_t* p, int64_t count, bool scales) {
 class CheckProgress {
  public:
   CheckProgress(std::string what, uint64_t total_bytes)
-      : what_(std::move(what)), total_(total_bytes), enabled_(total_bytes > kProgressMinBytes),
+      : what_(std::move(what)),
+        total_(total_bytes),
+        enabled_(total_bytes > kProgressMinBytes),
         last_(std::chrono::steady_clock::now()) {
     if (enabled_) spdlog::info("checking {}: {} MiB to read", what_, total_ >> 20);
   }
@@ -94,6 +96,11 @@ Result<std::unique_ptr<WeightSource>> FileWeightSource::Open(const ModelSpec& sp
       matrices.push_back(m);
     }
     source->layers_.push_back(std::move(matrices));
+    LayerBiases biases;
+    Status status = source->ResolveBiases(layer, &biases);
+    if (!status.ok()) return status.WithContext(spec.weights);
+    used.insert({RoutedB1Name(layer), RoutedB2Name(layer)});
+    source->biases_.push_back(biases);
   }
   // Extra tensors are allowed (a file may serve several model shapes) but worth a warning: a
   // shared expert or a layer in the file that the config leaves out is often a config mistake.
@@ -103,8 +110,7 @@ Result<std::unique_ptr<WeightSource>> FileWeightSource::Open(const ModelSpec& sp
     if (!used.contains(name) && unused++ == 0) example = name;
   }
   if (unused > 0) {
-    spdlog::warn("{}: {} tensor(s) not used by the model (e.g. {})", spec.weights, unused,
-                 example);
+    spdlog::warn("{}: {} tensor(s) not used by the model (e.g. {})", spec.weights, unused, example);
   }
   return std::unique_ptr<WeightSource>(std::move(source));
 }
@@ -127,9 +133,8 @@ Status FileWeightSource::Resolve(const WeightMatrix& matrix, MatrixTensors* out)
   if (out->dense == nullptr && out->codes == nullptr && out->scales == nullptr) {
     return InvalidArgument(matrix.name + ": missing (expected F32 or BF16 " +
                            ShapeString(matrix.dense_shape(experts)) + ", or " +
-                           matrix.codes_name() + " U8 " +
-                           ShapeString(matrix.codes_shape(experts)) + " + " +
-                           matrix.scales_name() + " U8 " +
+                           matrix.codes_name() + " U8 " + ShapeString(matrix.codes_shape(experts)) +
+                           " + " + matrix.scales_name() + " U8 " +
                            ShapeString(matrix.scales_shape(experts)) + ")");
   }
   if (out->dense != nullptr) {
@@ -156,6 +161,50 @@ Status FileWeightSource::Resolve(const WeightMatrix& matrix, MatrixTensors* out)
   return Status::Ok();
 }
 
+Status FileWeightSource::ResolveBiases(int layer, LayerBiases* out) const {
+  const std::string names[2] = {RoutedB1Name(layer), RoutedB2Name(layer)};
+  const SafetensorsTensor* found[2] = {file_->Find(names[0]), file_->Find(names[1])};
+  if ((found[0] == nullptr) != (found[1] == nullptr)) {
+    const int missing = found[0] == nullptr ? 0 : 1;
+    return InvalidArgument(names[missing] + ": missing (" + names[1 - missing] +
+                           " is present; expert biases come in pairs)");
+  }
+  if (found[0] == nullptr) return Status::Ok();
+  const int64_t columns[2] = {2 * int64_t{spec_.intermediate}, spec_.hidden};
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<int64_t> expected = {spec_.num_experts, columns[i]};
+    if (found[i]->dtype != "F32") {
+      return InvalidArgument(names[i] + ": dtype " + found[i]->dtype + ", expected F32");
+    }
+    if (found[i]->shape != expected) {
+      return InvalidArgument(names[i] + ": shape " + ShapeString(found[i]->shape) + ", expected " +
+                             ShapeString(expected));
+    }
+  }
+  out->b1 = found[0];
+  out->b2 = found[1];
+  return Status::Ok();
+}
+
+Status FileWeightSource::ReadBiases(int layer, int expert, std::vector<float>* b1,
+                                    std::vector<float>* b2) const {
+  const LayerBiases& biases = biases_[layer];
+  if (biases.b1 == nullptr) return Status::Ok();
+  for (auto [tensor, out] : {std::pair{biases.b1, b1}, std::pair{biases.b2, b2}}) {
+    const int64_t count = tensor->shape[1];
+    const uint8_t* p = file_->data(*tensor) + expert * count * 4;
+    const char* what = "";
+    const int64_t bad = FirstNonFinite("F32", p, count, &what);
+    if (bad >= 0) {
+      return DataLoss(tensor->name + ": value at index " +
+                      IndexString(tensor->shape, expert * count + bad) + " is " + what);
+    }
+    out->resize(count);
+    std::memcpy(out->data(), p, count * 4);
+  }
+  return Status::Ok();
+}
+
 Status FileWeightSource::CheckDenseValues(const MatrixTensors& m, int expert) const {
   const int64_t count = m.matrix.elements();
   const int64_t first = m.matrix.routed ? expert * count : 0;
@@ -163,8 +212,8 @@ Status FileWeightSource::CheckDenseValues(const MatrixTensors& m, int expert) co
   const char* what = "";
   const int64_t bad = FirstNonFinite(m.dense->dtype, p, count, &what);
   if (bad >= 0) {
-    return DataLoss(m.matrix.name + ": value at index " +
-                    IndexString(m.dense->shape, first + bad) + " is " + what);
+    return DataLoss(m.matrix.name + ": value at index " + IndexString(m.dense->shape, first + bad) +
+                    " is " + what);
   }
   return Status::Ok();
 }
@@ -225,14 +274,13 @@ Status FileWeightSource::ReadQuantized(const MatrixTensors& m, int expert, uint8
   const int64_t code_bytes = w.rows * w.code_bytes_per_row();
   const int64_t scale_bytes = w.rows * w.scale_bytes_per_row();
   std::memcpy(codes, file_->data(*m.codes) + (w.routed ? expert * code_bytes : 0), code_bytes);
-  std::memcpy(scales, file_->data(*m.scales) + (w.routed ? expert * scale_bytes : 0),
-              scale_bytes);
+  std::memcpy(scales, file_->data(*m.scales) + (w.routed ? expert * scale_bytes : 0), scale_bytes);
   return Status::Ok();
 }
 
 template <typename Quantized>
-Result<Quantized> FileWeightSource::LoadQuantized(const MatrixTensors& w1,
-                                                  const MatrixTensors& w2, int expert) const {
+Result<Quantized> FileWeightSource::LoadQuantized(const MatrixTensors& w1, const MatrixTensors& w2,
+                                                  int expert) const {
   Quantized q;
   ResizeQuantized(w1.matrix, w2.matrix, &q);
   GCMOE_RETURN_IF_ERROR(ReadQuantized(w1, expert, q.w1.data(), q.w1_scales.data()));
@@ -241,8 +289,7 @@ Result<Quantized> FileWeightSource::LoadQuantized(const MatrixTensors& w1,
 }
 
 Result<DenseExpertWeights> FileWeightSource::LoadDense(const MatrixTensors& w1,
-                                                       const MatrixTensors& w2,
-                                                       int expert) const {
+                                                       const MatrixTensors& w2, int expert) const {
   DenseExpertWeights dense;
   dense.w1.resize(w1.matrix.elements());
   dense.w2.resize(w2.matrix.elements());
@@ -254,7 +301,10 @@ Result<DenseExpertWeights> FileWeightSource::LoadDense(const MatrixTensors& w1,
 Result<ExpertWeights> FileWeightSource::LoadExpert(int layer, int expert) const {
   GCMOE_RETURN_IF_ERROR(CheckExpertIndex(spec_, layer, expert));
   const auto& matrices = layers_[layer];
-  return LoadQuantized<ExpertWeights>(matrices[kW1], matrices[kW2], expert);
+  GCMOE_ASSIGN_OR_RETURN(ExpertWeights w,
+                         LoadQuantized<ExpertWeights>(matrices[kW1], matrices[kW2], expert));
+  GCMOE_RETURN_IF_ERROR(ReadBiases(layer, expert, &w.b1, &w.b2));
+  return w;
 }
 
 Result<SharedExpertWeights> FileWeightSource::LoadShared(int layer) const {
@@ -267,7 +317,9 @@ Result<SharedExpertWeights> FileWeightSource::LoadShared(int layer) const {
 Result<DenseExpertWeights> FileWeightSource::LoadExpertDense(int layer, int expert) const {
   GCMOE_RETURN_IF_ERROR(CheckExpertIndex(spec_, layer, expert));
   const auto& matrices = layers_[layer];
-  return LoadDense(matrices[kW1], matrices[kW2], expert);
+  GCMOE_ASSIGN_OR_RETURN(DenseExpertWeights d, LoadDense(matrices[kW1], matrices[kW2], expert));
+  GCMOE_RETURN_IF_ERROR(ReadBiases(layer, expert, &d.b1, &d.b2));
+  return d;
 }
 
 Result<DenseExpertWeights> FileWeightSource::LoadSharedDense(int layer) const {
@@ -302,6 +354,8 @@ Status FileWeightSource::CheckExperts(const std::vector<int>& layers,
   }
   CheckProgress progress(spec_.weights, total);
   for (int layer : layers) {
+    std::vector<float> b1, b2;
+    for (int expert : experts) GCMOE_RETURN_IF_ERROR(ReadBiases(layer, expert, &b1, &b2));
     for (const MatrixTensors& m : layers_[layer]) {
       if (!m.matrix.routed) {
         GCMOE_RETURN_IF_ERROR(CheckSlice(m, 0));

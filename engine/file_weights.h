@@ -46,8 +46,7 @@ class FileWeightSource final : public WeightSource {
 
   // One expert's [rows, cols] slice (expert 0 for the shared expert), values checked.
   Status ReadDense(const MatrixTensors& m, int expert, float* out) const;
-  Status ReadQuantized(const MatrixTensors& m, int expert, uint8_t* codes,
-                       uint8_t* scales) const;
+  Status ReadQuantized(const MatrixTensors& m, int expert, uint8_t* codes, uint8_t* scales) const;
   template <typename Quantized>
   Result<Quantized> LoadQuantized(const MatrixTensors& w1, const MatrixTensors& w2,
                                   int expert) const;
@@ -61,8 +60,18 @@ class FileWeightSource final : public WeightSource {
   Status CheckSlice(const MatrixTensors& m, int expert) const;
   uint64_t SliceBytes(const MatrixTensors& m) const;
 
+  // The optional F32 biases of a layer (both or neither), copied into `b1` and `b2` for one
+  // expert with their values checked.
+  struct LayerBiases {
+    const SafetensorsTensor* b1 = nullptr;  // [E, 2I]
+    const SafetensorsTensor* b2 = nullptr;  // [E, H]
+  };
+  Status ResolveBiases(int layer, LayerBiases* out) const;
+  Status ReadBiases(int layer, int expert, std::vector<float>* b1, std::vector<float>* b2) const;
+
   ModelSpec spec_;
   std::unique_ptr<SafetensorsFile> file_;
+  std::vector<LayerBiases> biases_;                 // [layer]
   std::vector<std::vector<MatrixTensors>> layers_;  // [layer][Slot]
 };
 

@@ -1,5 +1,6 @@
 #include "engine/numerics.h"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -14,6 +15,13 @@ double CalcDiff(const double* x, const double* y, long n) {
   }
   if (squares == 0.0) return 0.0;  // both all zero: identical
   return 1.0 - 2.0 * cross / squares;
+}
+
+float RoundToOdd(double d) {
+  float f = static_cast<float>(d);
+  if (std::isnan(d) || static_cast<double>(f) == d) return f;
+  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(f) | 1u);
 }
 
 double Cosine(const double* x, const double* y, long n) {

@@ -14,6 +14,11 @@ namespace gcmoe::numerics {
 double CalcDiff(const double* x, const double* y, long n);
 double Cosine(const double* x, const double* y, long n);
 
+// d rounded to float toward zero, with the last bit set when inexact ("round to odd"). Rounding
+// that float to a format at least two bits narrower (BF16, E4M3, E2M1) gives the correctly
+// rounded result of d itself, so a float64 value is rounded once, as if directly.
+float RoundToOdd(double d);
+
 // A layer output as the engine returns it (little-endian BF16, or FP32 with `fp32`) as doubles.
 std::vector<double> OutputToDoubles(std::span<const uint8_t> bytes, bool fp32);
 

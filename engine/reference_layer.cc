@@ -17,17 +17,11 @@ struct ReferenceExpert {
   int inter = 0;
   std::vector<float> w1;
   std::vector<float> w2;
+  std::vector<float> b1;  // [2I] or empty
+  std::vector<float> b2;  // [H] or empty
 };
 
-// d rounded to float toward zero, with the last bit set when inexact ("round to odd"). Rounding
-// that float to a format at least two bits narrower (BF16, E4M3) gives the correctly rounded
-// result of d itself, so the reference rounds its float64 values once, as the spec does.
-float RoundToOdd(double d) {
-  float f = static_cast<float>(d);
-  if (std::isnan(d) || static_cast<double>(f) == d) return f;
-  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
-  return std::bit_cast<float>(std::bit_cast<uint32_t>(f) | 1u);
-}
+using numerics::RoundToOdd;
 
 double RoundToBF16(double d) { return numerics::RoundToBF16(RoundToOdd(d)); }
 
@@ -65,14 +59,18 @@ Result<ReferenceExpert> LoadReferenceExpert(const WeightSource& weights, int lay
         shared ? weights.LoadSharedDense(layer) : weights.LoadExpertDense(layer, expert);
     if (!dense.ok()) return dense.status();
     return ReferenceExpert{shared ? spec.shared_intermediate : spec.intermediate,
-                           std::move(dense->w1), std::move(dense->w2)};
+                           std::move(dense->w1), std::move(dense->w2), std::move(dense->b1),
+                           std::move(dense->b2)};
   }
   if (shared) {
     GCMOE_ASSIGN_OR_RETURN(SharedExpertWeights q, weights.LoadShared(layer));
     return Dequantized(SharedW1(spec, layer), SharedW2(spec, layer), q);
   }
   GCMOE_ASSIGN_OR_RETURN(ExpertWeights q, weights.LoadExpert(layer, expert));
-  return Dequantized(RoutedW1(spec, layer), RoutedW2(spec, layer), q);
+  ReferenceExpert e = Dequantized(RoutedW1(spec, layer), RoutedW2(spec, layer), q);
+  e.b1 = std::move(q.b1);
+  e.b2 = std::move(q.b2);
+  return e;
 }
 
 // Float64 dot product; four partial sums only to shorten the dependency chain (n is a multiple
@@ -93,7 +91,8 @@ void AddExpertPartial(const ModelSpec& spec, const ReferenceExpert& e, const dou
   const int inter = e.inter;
   std::vector<double> a(2 * static_cast<size_t>(inter));
   for (int i = 0; i < 2 * inter; ++i) {
-    const double sum = Dot(e.w1.data() + static_cast<int64_t>(i) * hidden, x, hidden);
+    double sum = Dot(e.w1.data() + static_cast<int64_t>(i) * hidden, x, hidden);
+    if (!e.b1.empty()) sum += e.b1[i];
     a[i] = quantized ? RoundToBF16(sum) : sum;
   }
   std::vector<double> h(inter);
@@ -106,7 +105,7 @@ void AddExpertPartial(const ModelSpec& spec, const ReferenceExpert& e, const dou
       up = std::fmax(std::fmin(up, c), -c);
     }
     const double sig = 1.0 / (1.0 + std::exp(-static_cast<double>(spec.activation_alpha) * gate));
-    h[i] = gate * sig * up * weight;
+    h[i] = gate * sig * (up + spec.activation_up_offset) * weight;
   }
   if (quantized) {
     std::vector<float> h_float(inter);
@@ -118,7 +117,8 @@ void AddExpertPartial(const ModelSpec& spec, const ReferenceExpert& e, const dou
     for (int i = 0; i < inter; ++i) h[i] = h_float[i];
   }
   for (int j = 0; j < hidden; ++j) {
-    const double sum = Dot(e.w2.data() + static_cast<int64_t>(j) * inter, h.data(), inter);
+    double sum = Dot(e.w2.data() + static_cast<int64_t>(j) * inter, h.data(), inter);
+    if (!e.b2.empty()) sum += weight * e.b2[j];
     y[j] += quantized ? RoundToBF16(sum) : sum;
   }
 }

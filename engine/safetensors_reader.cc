@@ -25,9 +25,9 @@ std::string ErrnoText() { return std::strerror(errno); }
 
 size_t SafetensorsDTypeBytes(const std::string& dtype) {
   static const std::map<std::string, size_t> kBytes = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},   {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2},
-      {"U16", 2},  {"F16", 2}, {"BF16", 2}, {"I32", 4},     {"U32", 4},     {"F32", 4},
-      {"I64", 8},  {"U64", 8}, {"F64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8}};
   const auto it = kBytes.find(dtype);
   return it == kBytes.end() ? 0 : it->second;
 }
@@ -72,14 +72,13 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string
   }
   file->data_ = bytes + 8 + header_bytes;
   const uint64_t data_bytes = file->file_bytes_ - 8 - header_bytes;
-  Status status = file->ParseHeader(reinterpret_cast<const char*>(bytes + 8), header_bytes,
-                                    data_bytes);
+  Status status =
+      file->ParseHeader(reinterpret_cast<const char*>(bytes + 8), header_bytes, data_bytes);
   if (!status.ok()) return status.WithContext(path);
   return file;
 }
 
-Status SafetensorsFile::ParseHeader(const char* json_text, size_t json_bytes,
-                                    uint64_t data_bytes) {
+Status SafetensorsFile::ParseHeader(const char* json_text, size_t json_bytes, uint64_t data_bytes) {
   // nlohmann reports bad JSON by exception; it stops here, at the boundary.
   nlohmann::json header;
   try {
@@ -126,8 +125,8 @@ Status SafetensorsFile::ParseHeader(const char* json_text, size_t json_bytes,
     if (tensor.begin > tensor.end) return DataLoss(where + "data_offsets begin > end");
     if (tensor.end > data_bytes) {
       return DataLoss(where + "data_offsets [" + std::to_string(tensor.begin) + ", " +
-                      std::to_string(tensor.end) + "] run past the " +
-                      std::to_string(data_bytes) + "-byte data section (truncated file?)");
+                      std::to_string(tensor.end) + "] run past the " + std::to_string(data_bytes) +
+                      "-byte data section (truncated file?)");
     }
     const size_t element_bytes = SafetensorsDTypeBytes(tensor.dtype);
     if (element_bytes == 0) return DataLoss(where + "unknown dtype " + tensor.dtype);
@@ -138,6 +137,18 @@ Status SafetensorsFile::ParseHeader(const char* json_text, size_t json_bytes,
     tensors_.emplace(name, std::move(tensor));
   }
   return Status::Ok();
+}
+
+void SafetensorsFile::DropPages(const SafetensorsTensor& tensor, uint64_t offset,
+                                uint64_t bytes) const {
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t base = reinterpret_cast<uint64_t>(mapping_);
+  const uint64_t begin = reinterpret_cast<uint64_t>(data_) + tensor.begin + offset;
+  const uint64_t first = (begin + page - 1) / page * page;
+  const uint64_t last = (begin + bytes) / page * page;
+  if (last <= first || first < base) return;
+  // Advice only: a failure leaves the pages cached, which costs memory, not correctness.
+  madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 const SafetensorsTensor* SafetensorsFile::Find(const std::string& name) const {

@@ -21,9 +21,9 @@ namespace gcmoe::engine {
 
 struct SafetensorsTensor {
   std::string name;
-  std::string dtype;            // "F32", "BF16", "U8", ... as written in the header
+  std::string dtype;  // "F32", "BF16", "U8", ... as written in the header
   std::vector<int64_t> shape;
-  uint64_t begin = 0;           // byte offsets into the data section
+  uint64_t begin = 0;  // byte offsets into the data section
   uint64_t end = 0;
   uint64_t bytes() const { return end - begin; }
 };
@@ -44,6 +44,10 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // The tensor's bytes inside the mapping (not necessarily aligned: read with memcpy).
   const uint8_t* data(const SafetensorsTensor& tensor) const { return data_ + tensor.begin; }
+  // Hands the pages wholly inside [offset, offset + bytes) of the tensor back to the kernel, so
+  // a streaming load holds one layer of a large checkpoint in memory, not all of it. The bytes
+  // stay readable: a later read faults them in from the file again.
+  void DropPages(const SafetensorsTensor& tensor, uint64_t offset, uint64_t bytes) const;
 
  private:
   SafetensorsFile() = default;

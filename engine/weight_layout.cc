@@ -43,6 +43,9 @@ WeightMatrix SharedW2(const ModelSpec& spec, int layer) {
   return {Prefix(layer) + "shared.w2", false, spec.hidden, spec.shared_intermediate, 3};
 }
 
+std::string RoutedB1Name(int layer) { return Prefix(layer) + "experts.b1"; }
+std::string RoutedB2Name(int layer) { return Prefix(layer) + "experts.b2"; }
+
 std::vector<WeightMatrix> LayerMatrices(const ModelSpec& spec, int layer) {
   std::vector<WeightMatrix> matrices = {RoutedW1(spec, layer), RoutedW2(spec, layer)};
   if (spec.has_shared()) {

@@ -44,6 +44,11 @@ WeightMatrix RoutedW2(const ModelSpec& spec, int layer);
 WeightMatrix SharedW1(const ModelSpec& spec, int layer);
 WeightMatrix SharedW2(const ModelSpec& spec, int layer);
 
+// Optional F32 expert biases of a layer (gpt-oss): b1 [E, 2I] (gate then up, as w1's rows) and
+// b2 [E, H]; both or neither.
+std::string RoutedB1Name(int layer);
+std::string RoutedB2Name(int layer);
+
 // Quantizes a [rows, cols] matrix row by row into the matrix's format (E2M1 or E4M3, K32).
 void QuantizeMatrix(const WeightMatrix& m, const float* dense, uint8_t* codes, uint8_t* scales);
 

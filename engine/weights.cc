@@ -4,6 +4,8 @@
 #include <cstdlib>
 
 #include "engine/file_weights.h"
+#include "engine/hf_checkpoint.h"
+#include "engine/hf_weights.h"
 #include "engine/synthetic_weights.h"
 
 namespace gcmoe::engine {
@@ -32,6 +34,7 @@ Result<std::unique_ptr<WeightSource>> WeightSource::Open(const ModelSpec& spec) 
     GCMOE_ASSIGN_OR_RETURN(uint64_t seed, ParseSeed(spec.weights.substr(prefix.size())));
     return std::unique_ptr<WeightSource>(std::make_unique<SyntheticWeightSource>(spec, seed));
   }
+  if (HfCheckpointDir(spec.weights)) return HfWeightSource::Open(spec);
   return FileWeightSource::Open(spec);
 }
 

@@ -18,6 +18,11 @@ struct ExpertWeights {
   std::vector<uint8_t> w1_scales;  // [2I, H/32]
   std::vector<uint8_t> w2;         // [H, I/2]
   std::vector<uint8_t> w2_scales;  // [H, I/32]
+  // Optional FP32 biases (gpt-oss), both present or both empty: b1 is added to W1's sums before
+  // the BF16 rounding, b2 (scaled by the routing weight) to W2's sums (DESIGN.md §4).
+  std::vector<float> b1;  // [2I]  gate then up, as the rows of w1
+  std::vector<float> b2;  // [H]
+  bool has_biases() const { return !b1.empty(); }
 };
 
 // The shared expert, quantized: E4M3, UE8M0 scales per 32 along K.
@@ -32,6 +37,8 @@ struct SharedExpertWeights {
 struct DenseExpertWeights {
   std::vector<float> w1;  // [2I, H] (or [2Is, H] for the shared expert)
   std::vector<float> w2;  // [H, I]  (or [H, Is])
+  std::vector<float> b1;  // [2I] or empty, as ExpertWeights::b1
+  std::vector<float> b2;  // [H] or empty
 };
 
 class WeightSource {
@@ -39,7 +46,8 @@ class WeightSource {
   virtual ~WeightSource() = default;
 
   // spec.weights is "synthetic:SEED" (deterministic from the seed, any expert generated
-  // independently of the others) or the path of a safetensors file. Opening a file checks its
+  // independently of the others), the path of a safetensors file, or "hf:DIR", a Hugging Face
+  // checkpoint directory (engine/hf_checkpoint.h). Opening a file checks its
   // header: every tensor of every layer present, dtypes and shapes as expected; errors name the
   // tensor. Values (NaN/Inf, scale code 255) are checked when a tensor is loaded.
   static Result<std::unique_ptr<WeightSource>> Open(const ModelSpec& spec);

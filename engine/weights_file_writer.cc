@@ -17,9 +17,12 @@ constexpr uint64_t kLogMinBytes = 256ull << 20;
 
 const char* FormName(WeightFileForm form) {
   switch (form) {
-    case WeightFileForm::kFloat32: return "f32";
-    case WeightFileForm::kBFloat16: return "bf16";
-    case WeightFileForm::kPreQuantized: return "prequantized";
+    case WeightFileForm::kFloat32:
+      return "f32";
+    case WeightFileForm::kBFloat16:
+      return "bf16";
+    case WeightFileForm::kPreQuantized:
+      return "prequantized";
   }
   return "?";
 }
@@ -79,6 +82,17 @@ Status WriteMatrix(const WeightSource& source, const WeightMatrix& m, bool secon
   return Status::Ok();
 }
 
+// Every expert's b1 then every expert's b2 of one layer, F32.
+Status WriteBiases(const WeightSource& source, int layer, SafetensorsWriter* writer) {
+  std::vector<float> b2;
+  for (int expert = 0; expert < source.spec().num_experts; ++expert) {
+    GCMOE_ASSIGN_OR_RETURN(ExpertWeights q, source.LoadExpert(layer, expert));
+    GCMOE_RETURN_IF_ERROR(writer->Append(q.b1.data(), q.b1.size() * 4));
+    b2.insert(b2.end(), q.b2.begin(), q.b2.end());
+  }
+  return writer->Append(b2.data(), b2.size() * 4);
+}
+
 }  // namespace
 
 Status WriteWeightsFile(const WeightSource& source, WeightFileForm form, const std::string& path) {
@@ -86,7 +100,15 @@ Status WriteWeightsFile(const WeightSource& source, WeightFileForm form, const s
   const int experts = spec.num_experts;
   std::vector<SafetensorsTensorDecl> decls;
   uint64_t total_bytes = 0;
+  // Biases are a property of the model (every expert of every layer has them, or none does).
+  GCMOE_ASSIGN_OR_RETURN(ExpertWeights probe, source.LoadExpert(0, 0));
+  const bool biases = probe.has_biases();
   for (int layer = 0; layer < spec.num_layers; ++layer) {
+    if (biases) {
+      decls.push_back({RoutedB1Name(layer), "F32", {experts, 2 * int64_t{spec.intermediate}}});
+      decls.push_back({RoutedB2Name(layer), "F32", {experts, spec.hidden}});
+      total_bytes += uint64_t{4} * experts * (2 * spec.intermediate + spec.hidden);
+    }
     for (const WeightMatrix& m : LayerMatrices(spec, layer)) {
       const uint64_t copies = m.routed ? experts : 1;
       switch (form) {
@@ -100,8 +122,7 @@ Status WriteWeightsFile(const WeightSource& source, WeightFileForm form, const s
         case WeightFileForm::kPreQuantized:
           decls.push_back({m.codes_name(), "U8", m.codes_shape(experts)});
           decls.push_back({m.scales_name(), "U8", m.scales_shape(experts)});
-          total_bytes +=
-              copies * m.rows * (m.code_bytes_per_row() + m.scale_bytes_per_row());
+          total_bytes += copies * m.rows * (m.code_bytes_per_row() + m.scale_bytes_per_row());
           break;
       }
     }
@@ -116,10 +137,18 @@ Status WriteWeightsFile(const WeightSource& source, WeightFileForm form, const s
       {"top_k", std::to_string(spec.top_k)},
       {"layers", std::to_string(spec.num_layers)},
       {"shared_intermediate", std::to_string(spec.shared_intermediate)},
+      {"activation_alpha", std::to_string(spec.activation_alpha)},
+      {"activation_clamp",
+       spec.activation_clamp ? std::to_string(*spec.activation_clamp) : std::string("null")},
+      {"activation_up_offset", std::to_string(spec.activation_up_offset)},
   };
   GCMOE_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
                          SafetensorsWriter::Create(path, std::move(decls), metadata));
   for (int layer = 0; layer < spec.num_layers; ++layer) {
+    if (biases) {
+      Status status = WriteBiases(source, layer, writer.get());
+      if (!status.ok()) return status.WithContext("writing " + path);
+    }
     // Matrices come in pairs (w1, w2) per expert kind; `second` selects w2 of the pair.
     const std::vector<WeightMatrix> matrices = LayerMatrices(spec, layer);
     for (size_t i = 0; i < matrices.size(); ++i) {

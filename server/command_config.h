@@ -11,6 +11,10 @@
 
 namespace gcmoe::server {
 
+// Reads an "hf:DIR" checkpoint's config.json for the config loader (engine/hf_checkpoint.h), so
+// model keys left out of a config come from the checkpoint and those given are checked.
+config::CheckpointReader HfCheckpointReader();
+
 Result<config::Config> LoadCommandConfig(const std::string& path,
                                          const std::vector<std::string>& overrides);
 

@@ -21,6 +21,8 @@ engine::ModelSpec ModelSpecFromConfig(const config::Config& config) {
   spec.shared_intermediate = config.model.shared_intermediate;
   spec.activation_alpha = config.model.activation_alpha;
   spec.activation_clamp = config.model.activation_clamp;
+  spec.activation_up_offset = config.model.activation_up_offset;
+  spec.moe_layer_ids = config.model.moe_layer_ids;
   spec.weights = config.model.weights;
   return spec;
 }
@@ -106,8 +108,8 @@ Result<balancer::Placement> InitialPlacement(const config::Config& config) {
   }
   std::vector<double> mean(config.model.experts, 1.0);
   if (config.balancer.placement == "file") {
-    GCMOE_ASSIGN_OR_RETURN(mean, ReadMeanLoads(config.balancer.placement_file,
-                                                config.model.experts));
+    GCMOE_ASSIGN_OR_RETURN(mean,
+                           ReadMeanLoads(config.balancer.placement_file, config.model.experts));
   }
   return FitObservedPlacement(config, mean);
 }

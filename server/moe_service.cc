@@ -140,6 +140,10 @@ grpc::Status MoeServiceImpl::GetModelInfo(grpc::ServerContext*,
   info->set_version(GCMOE_VERSION);
   info->set_weights(m.weights);
   info->set_max_message_bytes(static_cast<uint64_t>(max_message_bytes_));
+  info->set_activation_up_offset(m.activation_up_offset);
+  for (int l = 0; l < m.layers; ++l) {
+    info->add_model_layers(m.moe_layer_ids.empty() ? l : m.moe_layer_ids[l]);
+  }
   return grpc::Status::OK;
 }
 

@@ -43,6 +43,7 @@
 #include "engine/nccl_comm.h"
 #include "engine/numerics.h"
 #include "engine/step_plan.h"
+#include "server/command_config.h"
 #include "server/engine_config.h"
 #include "tools/bench_random_weights.h"
 #include "tools/bench_rendezvous.h"
@@ -110,7 +111,8 @@ int Launch(int argc, char** argv, const Options& o) {
     std::perror("gcmoe bench ep: mkdtemp");
     return 1;
   }
-  std::fprintf(stderr, "gcmoe bench ep: starting %d rank processes (rendezvous %s)\n", o.ranks, dir);
+  std::fprintf(stderr, "gcmoe bench ep: starting %d rank processes (rendezvous %s)\n", o.ranks,
+               dir);
   std::vector<pid_t> children;
   for (int r = 0; r < o.ranks; ++r) {
     const pid_t pid = fork();
@@ -148,11 +150,11 @@ int Launch(int argc, char** argv, const Options& o) {
 // The whole batch of one token count, identical on every rank.
 struct Batch {
   int per_rank = 0;
-  std::vector<int32_t> ids;       // [P * T, k]
-  std::vector<float> weights;     // [P * T, k]
-  std::vector<uint16_t> hidden;   // [P * T, H] BF16
-  std::vector<int64_t> counts;    // [P, E]
-  std::vector<int64_t> totals;    // [E]
+  std::vector<int32_t> ids;      // [P * T, k]
+  std::vector<float> weights;    // [P * T, k]
+  std::vector<uint16_t> hidden;  // [P * T, H] BF16
+  std::vector<int64_t> counts;   // [P, E]
+  std::vector<int64_t> totals;   // [E]
 };
 
 std::vector<double> Popularity(int experts, double skew, uint64_t seed) {
@@ -218,7 +220,7 @@ int RunRank(const Options& o) {
                  s.ToString().c_str());
     return 1;
   };
-  auto config = config::LoadConfigFile(o.config_path, o.overrides);
+  auto config = config::LoadConfigFile(o.config_path, o.overrides, server::HfCheckpointReader());
   if (!config.ok()) return fail("loading the config", config.status());
   auto tokens = ParseTokenList(o.tokens_text);
   if (!tokens.ok()) return fail("--tokens-per-rank", tokens.status());
@@ -278,7 +280,8 @@ int RunRank(const Options& o) {
       balancer::Split split;
       split.home_tokens = batch.totals;
       const int all_tokens[1] = {P * T};
-      if (Status s = engine::BuildStepPlan(all_tokens, batch.totals, E, one, split, &plan); !s.ok()) {
+      if (Status s = engine::BuildStepPlan(all_tokens, batch.totals, E, one, split, &plan);
+          !s.ok()) {
         return fail("CPU plan", s);
       }
       engine::StepContext ctx;
@@ -347,8 +350,8 @@ int RunRank(const Options& o) {
       setup.peer_names = *names;
       if (Status s = gpu->ConnectPeers(setup); !s.ok()) return fail(name + ": connecting", s);
       if (me == 0) {
-        std::fprintf(stderr, "%s: %zu experts per rank 0, connected%s\n", name.c_str(),
-                     held.size(), gpu->needs_nccl() ? (" (" + engine::NcclVersionText() + ")").c_str() : "");
+        std::fprintf(stderr, "%s: %zu experts per rank 0, connected%s\n", name.c_str(), held.size(),
+                     gpu->needs_nccl() ? (" (" + engine::NcclVersionText() + ")").c_str() : "");
       }
       std::unique_ptr<balancer::Balancer> relief;
       if (b == "on" && P > 1) {
@@ -382,7 +385,8 @@ int RunRank(const Options& o) {
         ctx.plan = &plan;
         engine::StepOutput out;
         const std::string step_key = name + "-" + std::to_string(T);
-        if (auto go = meet.AllGather("go-" + step_key, ""); !go.ok()) return fail(name, go.status());
+        if (auto go = meet.AllGather("go-" + step_key, ""); !go.ok())
+          return fail(name, go.status());
         if (Status s = gpu->Step(ctx, &out); !s.ok()) return fail(step_key + ": step", s);
         hashes[T].push_back(std::to_string(Fnv1a(out.output)));
         check_cpu(T, out.output, step_key);
@@ -405,7 +409,8 @@ int RunRank(const Options& o) {
         auto medians = meet.AllGather("t-" + step_key, median);
         if (!medians.ok()) return fail(name, medians.status());
         Cell& cell = cells[name][T];
-        for (const std::string& m : *medians) cell.median_us = std::max(cell.median_us, std::atof(m.c_str()));
+        for (const std::string& m : *medians)
+          cell.median_us = std::max(cell.median_us, std::atof(m.c_str()));
         const int64_t peak = *std::max_element(plan.load.begin(), plan.load.end());
         const double mean =
             std::accumulate(plan.load.begin(), plan.load.end(), 0.0) / static_cast<double>(P);

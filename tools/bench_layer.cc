@@ -32,6 +32,7 @@
 #include "engine/backend.h"
 #include "engine/numerics.h"
 #include "engine/step_plan.h"
+#include "server/command_config.h"
 #include "server/engine_config.h"
 #include "tools/bench_random_weights.h"
 #include "tools/bench_util.h"
@@ -177,7 +178,7 @@ int RunBenchLayer(int argc, char** argv) {
     std::fprintf(stderr, "gcmoe bench layer: %s\n", tokens.status().message().c_str());
     return 2;
   }
-  auto config = config::LoadConfigFile(config_path, overrides);
+  auto config = config::LoadConfigFile(config_path, overrides, server::HfCheckpointReader());
   if (!config.ok()) {
     std::fprintf(stderr, "gcmoe bench layer: %s\n", config.status().ToString().c_str());
     return 2;
@@ -377,7 +378,8 @@ int RunBenchLayer(int argc, char** argv) {
       parts.green ? "green contexts, overlapped" : "one context, roles in sequence",
       *bandwidth / 1e9, settle_ms, warmup, replays);
   std::printf("role2%s%s%s:", no_merge_tails ? ", no merged tails" : "",
-              no_heaviest_first ? ", expert id order" : "", no_direct_rows ? ", no direct rows" : "");
+              no_heaviest_first ? ", expert id order" : "",
+              no_direct_rows ? ", no direct rows" : "");
   for (int bm : kernels::kBlockSizes) {
     const kernels::Role2Shape& shape = gpu.role2_shape(bm);
     std::printf(" BM %d: %d CTAs (%d/SM) x %d threads, %zu B smem%s%s;", bm, gpu.role2_grid(bm),
@@ -417,10 +419,11 @@ int RunBenchLayer(int argc, char** argv) {
     json << "{\"config\": \"" << config_path << "\", \"hidden\": " << H
          << ", \"intermediate\": " << spec.intermediate << ", \"experts\": " << E
          << ", \"top_k\": " << k << ", \"shared_intermediate\": " << spec.shared_intermediate
-         << ", \"copy_bandwidth_Bps\": " << *bandwidth << ", \"merge_tails\": "
-         << (no_merge_tails ? "false" : "true") << ", \"heaviest_first\": "
-         << (no_heaviest_first ? "false" : "true") << ", \"direct_rows\": "
-         << (no_direct_rows ? "false" : "true") << ", \"compute_sms\": " << parts.compute_sms
+         << ", \"copy_bandwidth_Bps\": " << *bandwidth
+         << ", \"merge_tails\": " << (no_merge_tails ? "false" : "true")
+         << ", \"heaviest_first\": " << (no_heaviest_first ? "false" : "true")
+         << ", \"direct_rows\": " << (no_direct_rows ? "false" : "true")
+         << ", \"compute_sms\": " << parts.compute_sms
          << ", \"dispatch_sms\": " << parts.dispatch_sms << ", \"settle_ms\": " << settle_ms
          << ", \"rows\": [";
     for (size_t i = 0; i < rows.size(); ++i) {

@@ -8,6 +8,6 @@ namespace gcmoe::tools {
 int RunConfigCommand(int argc, char** argv);   // config_command.cc: validate|show|default
 int RunBalanceCommand(int argc, char** argv);  // balance_command.cc: eplb|replay
 int RunBenchCommand(int argc, char** argv);    // bench_command.cc: layer|ep
-int RunWeightsCommand(int argc, char** argv);  // weights_command.cc: export|check
+int RunWeightsCommand(int argc, char** argv);  // weights_command.cc: export|check|inspect|convert
 
 }  // namespace gcmoe::tools

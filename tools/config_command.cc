@@ -7,6 +7,7 @@
 
 #include "common/flags.h"
 #include "config/config.h"
+#include "server/command_config.h"
 #include "tools/commands.h"
 
 namespace gcmoe::tools {
@@ -82,7 +83,8 @@ int RunValidate(int argc, char** argv) {
   }
   int exit_code = 0;
   for (const std::string& path : flags.positional()) {
-    Result<config::Config> config = config::LoadConfigFile(path, overrides);
+    Result<config::Config> config =
+        config::LoadConfigFile(path, overrides, server::HfCheckpointReader());
     if (config.ok()) {
       std::printf("%s: ok (%s)\n", path.c_str(), Summary(*config).c_str());
     } else {
@@ -108,9 +110,9 @@ int RunShow(int argc, char** argv) {
     return 2;
   }
   Result<config::Config> config =
-      path.empty()
-          ? config::ParseConfig(config::DefaultConfigText(), "<embedded default>", overrides)
-          : config::LoadConfigFile(path, overrides);
+      path.empty() ? config::ParseConfig(config::DefaultConfigText(), "<embedded default>",
+                                         overrides, server::HfCheckpointReader())
+                   : config::LoadConfigFile(path, overrides, server::HfCheckpointReader());
   if (!config.ok()) {
     PrintProblems(path.empty() ? "<embedded default>" : path, config.status());
     return 1;

@@ -1,5 +1,6 @@
-// `gcmoe weights export | check`: write a synthetic model's weights to a safetensors file; open
-// a weights file and check every tensor (presence, dtype, shape, values) for a model shape.
+// `gcmoe weights export | check` (inspect and convert: weights_checkpoint.cc): write a synthetic
+// model's weights to a safetensors file; open a weights file and check every tensor (presence,
+// dtype, shape, values) for a model shape.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include "engine/model_spec.h"
 #include "engine/weights.h"
 #include "tools/commands.h"
+#include "tools/weights_checkpoint.h"
 
 namespace gcmoe::tools {
 namespace {
@@ -22,7 +24,9 @@ void PrintGroupUsage(FILE* out) {
       "\n"
       "commands:\n"
       "  export    write a synthetic model (--seed) to a file: f32, bf16 or prequantized\n"
-      "  check     open FILE and check every tensor of every layer for the model shape\n",
+      "  check     open FILE and check every tensor of every layer for the model shape\n"
+      "  inspect   describe a Hugging Face checkpoint directory without loading it\n"
+      "  convert   convert a Hugging Face checkpoint (hf:DIR) to gcmoe's own layout\n",
       out);
 }
 
@@ -49,8 +53,8 @@ double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 // "H=256 I=128 E=16 top-4, 2 layers, shared I_s=128"
 std::string ShapeSummary(const engine::ModelSpec& spec) {
   std::string s = "H=" + std::to_string(spec.hidden) + " I=" + std::to_string(spec.intermediate) +
-                  " E=" + std::to_string(spec.num_experts) + " top-" +
-                  std::to_string(spec.top_k) + ", " + std::to_string(spec.num_layers) +
+                  " E=" + std::to_string(spec.num_experts) + " top-" + std::to_string(spec.top_k) +
+                  ", " + std::to_string(spec.num_layers) +
                   (spec.num_layers == 1 ? " layer, " : " layers, ");
   return s + (spec.has_shared() ? "shared I_s=" + std::to_string(spec.shared_intermediate)
                                 : std::string("no shared expert"));
@@ -153,8 +157,8 @@ int RunCheck(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s: ok (%s; %s; %.1f MiB checked in %.1f s)\n", spec.weights.c_str(),
               ShapeSummary(spec).c_str(),
-              dense ? "full-precision tensors present" : "pre-quantized tensors only",
-              MiB(bytes), seconds);
+              dense ? "full-precision tensors present" : "pre-quantized tensors only", MiB(bytes),
+              seconds);
   return 0;
 }
 
@@ -168,6 +172,8 @@ int RunWeightsCommand(int argc, char** argv) {
   }
   if (std::strcmp(argv[1], "export") == 0) return RunExport(argc, argv);
   if (std::strcmp(argv[1], "check") == 0) return RunCheck(argc, argv);
+  if (std::strcmp(argv[1], "inspect") == 0) return RunWeightsInspect(argc, argv);
+  if (std::strcmp(argv[1], "convert") == 0) return RunWeightsConvert(argc, argv);
   std::fprintf(stderr, "gcmoe weights: unknown command \"%s\"\n\n", argv[1]);
   PrintGroupUsage(stderr);
   return 2;

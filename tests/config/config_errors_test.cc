@@ -189,12 +189,18 @@ const BadConfig kBadConfigs[] = {
     {"AlphaIsString", [](json& j) { j["model"]["activation"]["alpha"] = "1"; },
      "model.activation.alpha: expected a number, got \"1\""},
     {"ActivationNotAnObject", [](json& j) { j["model"]["activation"] = 1.5; },
-     "model.activation: expected an object with alpha and clamp, got 1.5"},
+     "model.activation: expected an object with alpha, clamp and up_offset, got 1.5"},
     {"WeightsBadSeed", [](json& j) { j["model"]["weights"] = "synthetic:abc"; },
-     "model.weights: expected \"synthetic:SEED\" or a safetensors file path, got "
+     "model.weights: expected \"synthetic:SEED\", \"hf:DIR\" or a safetensors file path, got "
      "\"synthetic:abc\""},
     {"WeightsEmpty", [](json& j) { j["model"]["weights"] = ""; },
-     "model.weights: expected \"synthetic:SEED\" or a safetensors file path, got \"\""},
+     "model.weights: expected \"synthetic:SEED\", \"hf:DIR\" or a safetensors file path, got "
+     "\"\""},
+    {"WeightsHfWithoutDir", [](json& j) { j["model"]["weights"] = "hf:"; },
+     "model.weights: expected \"synthetic:SEED\", \"hf:DIR\" or a safetensors file path, got "
+     "\"hf:\""},
+    {"UpOffsetIsString", [](json& j) { j["model"]["activation"]["up_offset"] = "one"; },
+     "model.activation.up_offset: expected a finite number (0 = plain SwiGLU), got \"one\""},
     {"LevelUnknown",
      [](json& j) {
        j["logging"] = {{"level", "verbose"}};

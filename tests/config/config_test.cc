@@ -308,5 +308,70 @@ TEST(ConfigLoad, SyntaxErrorsNameLineAndColumn) {
               ::testing::StartsWith("line 1, column 14: invalid JSON"));
 }
 
+// A reader standing in for engine/hf_checkpoint.h: what "hf:/ckpt" says about its model.
+CheckpointReader FakeCheckpoint(bool readable = true) {
+  return [readable](const std::string& weights) -> Result<CheckpointModel> {
+    if (!readable) return NotFound(weights.substr(3) + "/config.json: cannot open");
+    CheckpointModel m;
+    m.source = "/ckpt/config.json";
+    m.hidden = 2880;
+    m.intermediate = 2880;
+    m.experts = 128;
+    m.top_k = 4;
+    m.layers = 36;
+    m.activation_alpha = 1.702f;
+    m.activation_clamp = 7.0f;
+    m.activation_up_offset = 1.0f;
+    m.moe_layer_ids = {0, 1};
+    m.source_keys = {{"hidden", "hidden_size"}, {"clamp", "swiglu_limit"}};
+    return m;
+  };
+}
+
+const char kHfConfig[] = R"({"model": {"weights": "hf:/ckpt"}, "parallel": {"ranks": 2}})";
+
+TEST(ConfigCheckpoint, KeysLeftOutComeFromTheCheckpoint) {
+  Result<Config> config = ParseConfig(kHfConfig, "test", {}, FakeCheckpoint());
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  const ModelConfig& m = config->model;
+  EXPECT_EQ(m.hidden, 2880);
+  EXPECT_EQ(m.experts, 128);
+  EXPECT_EQ(m.layers, 36);
+  EXPECT_FLOAT_EQ(m.activation_alpha, 1.702f);
+  ASSERT_TRUE(m.activation_clamp.has_value());
+  EXPECT_FLOAT_EQ(*m.activation_clamp, 7.0f);
+  EXPECT_FLOAT_EQ(m.activation_up_offset, 1.0f);
+  EXPECT_THAT(m.moe_layer_ids, ElementsAre(0, 1));
+  EXPECT_THAT(config->ToJson(), HasSubstr("\"up_offset\": 1"));
+}
+
+TEST(ConfigCheckpoint, KeysGivenMustAgreeAndTheErrorNamesBoth) {
+  Result<Config> agree =
+      ParseConfig(kHfConfig, "test", {"model.hidden=2880", "model.top_k=4"}, FakeCheckpoint());
+  EXPECT_TRUE(agree.ok()) << agree.status().ToString();
+  Result<Config> hidden = ParseConfig(kHfConfig, "test", {"model.hidden=2048"}, FakeCheckpoint());
+  ASSERT_FALSE(hidden.ok());
+  EXPECT_THAT(hidden.status().message(),
+              HasSubstr("model.hidden: expected 2880 (hidden_size in /ckpt/config.json), or "
+                        "leave the key out, got 2048"));
+  Result<Config> clamp =
+      ParseConfig(kHfConfig, "test", {"model.activation.clamp=null"}, FakeCheckpoint());
+  ASSERT_FALSE(clamp.ok());
+  EXPECT_THAT(clamp.status().message(),
+              HasSubstr("model.activation.clamp: expected 7 (swiglu_limit in "
+                        "/ckpt/config.json), or leave the key out, got null"));
+}
+
+TEST(ConfigCheckpoint, AnUnreadableCheckpointIsAProblemOfModelWeights) {
+  Result<Config> config = ParseConfig(kHfConfig, "test", {}, FakeCheckpoint(false));
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(),
+              HasSubstr("model.weights: /ckpt/config.json: cannot open"));
+  // Without a reader, "hf:DIR" needs the shape keys like any other weights.
+  Result<Config> no_reader = ParseConfig(kHfConfig, "test");
+  ASSERT_FALSE(no_reader.ok());
+  EXPECT_THAT(no_reader.status().message(), HasSubstr("model.hidden"));
+}
+
 }  // namespace
 }  // namespace gcmoe::config
