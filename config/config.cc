@@ -104,6 +104,20 @@ ordered_json ServerJson(const ServerConfig& s) {
   j["max_queue"] = s.max_queue;
   j["startup_timeout_ms"] = s.startup_timeout_ms;
   j["step_timeout_ms"] = s.step_timeout_ms;
+  j["metrics_listen"] = s.metrics_listen;
+  ordered_json tls = ordered_json::object();
+  tls["cert"] = s.tls.cert;
+  tls["key"] = s.tls.key;
+  tls["client_ca"] = s.tls.client_ca;
+  j["tls"] = tls;
+  ordered_json rank_tls = ordered_json::object();
+  rank_tls["cert"] = s.rank_tls.cert;
+  rank_tls["key"] = s.rank_tls.key;
+  rank_tls["ca"] = s.rank_tls.ca;
+  j["rank_tls"] = rank_tls;
+  ordered_json auth = ordered_json::object();
+  auth["tokens_file"] = s.auth.tokens_file;
+  j["auth"] = auth;
   return j;
 }
 
