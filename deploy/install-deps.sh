@@ -8,9 +8,16 @@ packages=(
   # gRPC's CMake config needs these four together.
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libspdlog-dev nlohmann-json3-dev libglpk-dev
+  # The /metrics endpoint (server/metrics.cc) serves through prometheus-cpp's pull exposer.
+  prometheus-cpp-dev
+  # Certificate checks before TLS (server/tls_credentials.cc).
+  libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # The Python client and its tests run on Debian's interpreter, /usr/bin/python3.
   python3 python3-grpcio python3-protobuf python3-numpy
+  # Operations tests: a real Prometheus scrapes `gcmoe serve`, openssl makes a test CA,
+  # systemd-analyze verifies the units, python3-yaml parses the Kubernetes manifests.
+  prometheus openssl systemd python3-yaml
 )
 
 missing=()

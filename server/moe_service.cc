@@ -8,12 +8,28 @@
 
 namespace gcmoe::server {
 
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string GrpcCodeName(const grpc::Status& status) {
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) return "UNAUTHENTICATED";
+  return StatusCodeName(FromGrpcCode(status.error_code()));
+}
+
+}  // namespace
+
 MoeServiceImpl::MoeServiceImpl(const config::Config& config, int64_t max_message_bytes,
-                               Coordinator* coordinator, ServiceStats* stats)
+                               Coordinator* coordinator, ServiceStats* stats, Metrics* metrics,
+                               const TokenAuthenticator* auth)
     : config_(config),
       max_message_bytes_(max_message_bytes),
       coordinator_(coordinator),
-      stats_(stats) {
+      stats_(stats),
+      metrics_(metrics),
+      auth_(auth) {
   limits_.hidden = config.model.hidden;
   limits_.experts = config.model.experts;
   limits_.top_k = config.model.top_k;
@@ -22,9 +38,29 @@ MoeServiceImpl::MoeServiceImpl(const config::Config& config, int64_t max_message
   limits_.world_size = config.parallel.ranks;
 }
 
+grpc::Status MoeServiceImpl::Authenticate(const grpc::ServerContext& context) const {
+  if (auth_ == nullptr) return grpc::Status::OK;
+  grpc::Status status = auth_->Check(context);
+  if (!status.ok())
+    spdlog::info("call from {} refused: {}", context.peer(), status.error_message());
+  return status;
+}
+
 grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
                                      const gcmoe::v1::ForwardRequest* request,
                                      gcmoe::v1::ForwardResponse* response) {
+  const auto start = std::chrono::steady_clock::now();
+  metrics_->CallStarted();
+  grpc::Status status = Authenticate(*context);
+  if (status.ok()) status = DoForward(context, request, response);
+  metrics_->CallFinished();
+  metrics_->RecordCall("Forward", GrpcCodeName(status), SecondsSince(start));
+  return status;
+}
+
+grpc::Status MoeServiceImpl::DoForward(grpc::ServerContext* context,
+                                       const gcmoe::v1::ForwardRequest* request,
+                                       gcmoe::v1::ForwardResponse* response) {
   ValidatedForward validated;
   Status status = ValidateForward(*request, limits_, &validated);
   if (status.ok()) {
@@ -51,15 +87,21 @@ grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
     return ToGrpcStatus(status);
   }
   response->set_request_id(request->request_id());
+  metrics_->RecordStep(response->stats(), validated.num_tokens);
   spdlog::debug("Forward {}: {} tokens in {} us (engine {} us)", request->request_id(),
                 validated.num_tokens, response->stats().total_ns() / 1000,
                 response->stats().engine_ns() / 1000);
   return grpc::Status::OK;
 }
 
-grpc::Status MoeServiceImpl::GetModelInfo(grpc::ServerContext*,
+grpc::Status MoeServiceImpl::GetModelInfo(grpc::ServerContext* context,
                                           const gcmoe::v1::GetModelInfoRequest*,
                                           gcmoe::v1::ModelInfo* info) {
+  const auto start = std::chrono::steady_clock::now();
+  if (grpc::Status status = Authenticate(*context); !status.ok()) {
+    metrics_->RecordCall("GetModelInfo", GrpcCodeName(status), SecondsSince(start));
+    return status;
+  }
   const config::ModelConfig& m = config_.model;
   info->set_hidden(m.hidden);
   info->set_intermediate(m.intermediate);
@@ -86,13 +128,20 @@ grpc::Status MoeServiceImpl::GetModelInfo(grpc::ServerContext*,
   info->set_version(GCMOE_VERSION);
   info->set_weights(m.weights);
   info->set_max_message_bytes(static_cast<uint64_t>(max_message_bytes_));
+  metrics_->RecordCall("GetModelInfo", "OK", SecondsSince(start));
   return grpc::Status::OK;
 }
 
-grpc::Status MoeServiceImpl::GetStats(grpc::ServerContext*, const gcmoe::v1::GetStatsRequest*,
-                                      gcmoe::v1::Stats* stats) {
+grpc::Status MoeServiceImpl::GetStats(grpc::ServerContext* context,
+                                      const gcmoe::v1::GetStatsRequest*, gcmoe::v1::Stats* stats) {
+  const auto start = std::chrono::steady_clock::now();
+  if (grpc::Status status = Authenticate(*context); !status.ok()) {
+    metrics_->RecordCall("GetStats", GrpcCodeName(status), SecondsSince(start));
+    return status;
+  }
   stats_->Fill(stats);
   coordinator_->FillRankStats(stats);
+  metrics_->RecordCall("GetStats", "OK", SecondsSince(start));
   return grpc::Status::OK;
 }
 

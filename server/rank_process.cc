@@ -10,6 +10,8 @@
 
 #include "server/coordinator_server.h"
 #include "server/engine_config.h"
+#include "server/systemd_notify.h"
+#include "server/tls_credentials.h"
 
 namespace gcmoe::server {
 namespace {
@@ -79,8 +81,15 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
   args.SetMaxSendMessageSize(max_bytes);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  auto channel = grpc::CreateCustomChannel(options_.coordinator,
-                                           grpc::InsecureChannelCredentials(), args);
+  // Read at every attach, so a rank picks up renewed certificates when it reconnects.
+  Result<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      RankChannelCredentials(options_.config.server);
+  if (!credentials.ok()) {
+    spdlog::error("rank {}: {}", options_.rank, credentials.status().message());
+    *exit_code = 1;
+    return false;
+  }
+  auto channel = grpc::CreateCustomChannel(options_.coordinator, *credentials, args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(1))) {
     spdlog::debug("rank {}: coordinator {} not reachable yet", options_.rank,
                   options_.coordinator);
@@ -212,6 +221,10 @@ void RankProcess::HandleSetup(const internal::Setup& setup, Stream* stream) {
   } else {
     spdlog::info("rank {}: connected to {} peer(s) for epoch {}", options_.rank,
                  peers.size() - 1, setup.epoch());
+    // A rank unit (Type=notify) is active once its rank has joined an epoch; later READYs
+    // are ignored by systemd.
+    NotifySystemd("READY=1\nSTATUS=rank " + std::to_string(options_.rank) + " ready in epoch " +
+                  std::to_string(setup.epoch()));
   }
   stream->Write(reply);
 }
