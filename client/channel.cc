@@ -70,6 +70,8 @@ void AddConnectionFlags(Flags* flags, ConnectionOptions* options) {
   flags->String("tls-cert", &options->tls_cert,
                 "client certificate (PEM) for a server that asks for one (mTLS); with --tls-key");
   flags->String("tls-key", &options->tls_key, "private key (PEM) of --tls-cert");
+  flags->String("tls-server-name", &options->tls_server_name,
+                "the name to check the server's certificate against (default: the --addr host)");
   flags->String("token-file", &options->token_file,
                 "send the token in this file as \"authorization: Bearer TOKEN\"");
 }
@@ -93,6 +95,9 @@ Result<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& addr, int 
       GCMOE_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadFile("--tls-key", options.tls_key));
     }
     credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  } else if (!options.tls_server_name.empty()) {
+    return InvalidArgument("--tls-server-name needs TLS (--tls or --tls-ca)");
   }
   if (options.token_file.empty()) return grpc::CreateCustomChannel(addr, credentials, args);
   GCMOE_ASSIGN_OR_RETURN(std::string token, ReadToken(options.token_file));

@@ -22,10 +22,13 @@ struct ConnectionOptions {
   std::string tls_ca;    // PEM CA bundle that signed the server's certificate (implies tls)
   std::string tls_cert;  // client certificate (PEM) for mTLS, with tls_key
   std::string tls_key;
+  // The name the server's certificate must carry when it differs from the address's host
+  // (a probe dialling 127.0.0.1 of a service whose certificate names its DNS name).
+  std::string tls_server_name;
   std::string token_file;  // file whose first non-comment line is the bearer token
 };
 
-// --tls, --tls-ca, --tls-cert, --tls-key, --token-file.
+// --tls, --tls-ca, --tls-cert, --tls-key, --tls-server-name, --token-file.
 void AddConnectionFlags(Flags* flags, ConnectionOptions* options);
 
 // A channel that speaks TLS when asked and sends "authorization: Bearer TOKEN" on every call

@@ -192,6 +192,15 @@ class PublicPortSecurity(unittest.TestCase):
                                 capture_output=True, text=True, timeout=60)
         self.assertEqual((health.returncode, health.stdout.strip()), (0, "SERVING"),
                          health.stderr)
+        # The certificate names 127.0.0.1 and localhost; a probe may check another name.
+        named = subprocess.run([ARGS.gcmoe, "client", "health", *tls, "--tls-server-name",
+                                "localhost"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(named.returncode, 0, named.stderr)
+        misnamed = subprocess.run([ARGS.gcmoe, "client", "health", *tls, "--tls-server-name",
+                                   "gcmoe.example", "--timeout-ms", "3000"],
+                                  capture_output=True, text=True, timeout=60)
+        self.assertEqual(misnamed.returncode, 1, misnamed.stdout)
+        self.assertIn("cannot reach " + self.serve.address, misnamed.stderr)
         plaintext = subprocess.run([ARGS.gcmoe, "client", "info", "--addr", self.serve.address,
                                     "--timeout-ms", "3000"],
                                    capture_output=True, text=True, timeout=60)
