@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages gcmoe builds and tests with. Idempotent: does nothing when
 # every package is already there. CUDA and NCCL come from the toolkit in /usr/local/cuda.
+#   deploy/install-deps.sh [--build-only]   (--build-only: what the build needs, not the tests;
+#                                            the container images' build stages)
 set -euo pipefail
+
+build_only=0
+case "${1:-}" in
+  --build-only) build_only=1 ;;
+  "") ;;
+  *) echo "install-deps: unknown argument $1 (expected --build-only)" >&2; exit 2 ;;
+esac
 
 packages=(
   build-essential cmake ninja-build pkg-config
@@ -12,6 +21,8 @@ packages=(
   prometheus-cpp-dev
   # Certificate checks before TLS (server/tls_credentials.cc).
   libssl-dev
+)
+test_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # The Python client and its tests run on Debian's interpreter, /usr/bin/python3.
   python3 python3-grpcio python3-protobuf python3-numpy
@@ -19,6 +30,7 @@ packages=(
   # systemd-analyze verifies the units, python3-yaml parses the Kubernetes manifests.
   prometheus openssl systemd python3-yaml
 )
+[ "$build_only" -eq 1 ] || packages+=("${test_packages[@]}")
 
 missing=()
 for p in "${packages[@]}"; do
