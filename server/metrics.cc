@@ -40,8 +40,8 @@ prometheus::ClientMetric::Label Label(const std::string& name, const std::string
   return label;
 }
 
-prometheus::MetricFamily Family0(const std::string& name, const std::string& help,
-                                 prometheus::MetricType type) {
+prometheus::MetricFamily NewFamily(const std::string& name, const std::string& help,
+                                   prometheus::MetricType type) {
   prometheus::MetricFamily family;
   family.name = name;
   family.help = help;
@@ -145,20 +145,20 @@ class Metrics::StateCollector : public prometheus::Collectable {
     if (!source) return {};
     const ServiceState state = source();
     using prometheus::MetricType;
-    auto serving =
-        Family0("gcmoe_serving", "1 when every rank is ready and the service answers Forward calls",
-                MetricType::Gauge);
+    auto serving = NewFamily("gcmoe_serving",
+                             "1 when every rank is ready and the service answers Forward calls",
+                             MetricType::Gauge);
     serving.metric.push_back(GaugeValue(state.serving ? 1 : 0));
-    auto queue = Family0("gcmoe_queue_depth",
-                         "Forward calls waiting behind the step in flight (server.max_queue "
-                         "is the limit)",
-                         MetricType::Gauge);
+    auto queue = NewFamily("gcmoe_queue_depth",
+                           "Forward calls waiting behind the step in flight (server.max_queue "
+                           "is the limit)",
+                           MetricType::Gauge);
     queue.metric.push_back(GaugeValue(state.queue_depth));
-    auto ready = Family0("gcmoe_rank_ready", "1 when the rank is attached and ready, by rank",
-                         MetricType::Gauge);
-    auto restarts =
-        Family0("gcmoe_rank_restarts_total",
-                "Times a rank attached again after its first attach, by rank", MetricType::Counter);
+    auto ready = NewFamily("gcmoe_rank_ready", "1 when the rank is attached and ready, by rank",
+                           MetricType::Gauge);
+    auto restarts = NewFamily("gcmoe_rank_restarts_total",
+                              "Times a rank attached again after its first attach, by rank",
+                              MetricType::Counter);
     for (const gcmoe::v1::RankStats& rank : state.ranks) {
       const std::string r = std::to_string(rank.rank());
       prometheus::ClientMetric ready_metric = GaugeValue(rank.ready() ? 1 : 0);
@@ -171,8 +171,8 @@ class Metrics::StateCollector : public prometheus::Collectable {
     }
     std::vector<prometheus::MetricFamily> families = {serving, queue, ready, restarts};
     if (!state.gpu_memory_used_bytes.empty()) {
-      auto memory = Family0("gcmoe_gpu_memory_used_bytes",
-                            "GPU memory the rank's backend holds, by rank", MetricType::Gauge);
+      auto memory = NewFamily("gcmoe_gpu_memory_used_bytes",
+                              "GPU memory the rank's backend holds, by rank", MetricType::Gauge);
       for (size_t r = 0; r < state.gpu_memory_used_bytes.size(); ++r) {
         prometheus::ClientMetric metric =
             GaugeValue(static_cast<double>(state.gpu_memory_used_bytes[r]));
