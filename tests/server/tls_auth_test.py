@@ -249,6 +249,42 @@ class PublicPortSecurity(unittest.TestCase):
             time.sleep(0.1)
 
 
+class BadFilesRefuseToStart(unittest.TestCase):
+    """A service whose TLS or token files are wrong does not start, and says which key."""
+
+    def test_each_bad_file_names_its_config_key(self):
+        workdir = tempfile.mkdtemp(prefix="gcmoe-tls-bad-", dir=ARGS.workdir)
+        try:
+            pki = Pki(workdir)
+            with open(pki.path("empty-tokens"), "w") as f:
+                f.write("# no token yet\n\n")
+            cases = [
+                (["server.tls.cert=" + pki.path("server.crt"),
+                  "server.tls.key=" + pki.path("client.key")],
+                 "server.tls.key: the key in " + pki.path("client.key") +
+                 " does not belong to the certificate in " + pki.path("server.crt")),
+                (["server.tls.cert=" + pki.path("server.key"),
+                  "server.tls.key=" + pki.path("server.key")],
+                 "server.tls.cert: " + pki.path("server.key") + " holds no PEM certificate"),
+                (["server.tls.cert=" + pki.path("server.crt"),
+                  "server.tls.key=" + pki.path("server.key"),
+                  "server.tls.client_ca=" + pki.path("missing.crt")],
+                 "server.tls.client_ca: cannot read " + pki.path("missing.crt")),
+                (["server.auth.tokens_file=" + pki.path("empty-tokens")],
+                 "server.auth.tokens_file: " + pki.path("empty-tokens") + " holds no token"),
+            ]
+            for settings, message in cases:
+                args = [ARGS.gcmoe, "serve", "--listen", "127.0.0.1:0", "--set",
+                        "server.rank_listen=127.0.0.1:0", "--set", "server.metrics_listen="]
+                for setting in settings:
+                    args += ["--set", setting]
+                r = subprocess.run(args, capture_output=True, text=True, timeout=60)
+                self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+                self.assertIn(message, r.stdout + r.stderr)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
 class RankPortMutualTls(unittest.TestCase):
     """A coordinator and its ranks started apart: a rank whose certificate the rank CA did not
     sign never attaches, and the service serves with the right ranks."""
