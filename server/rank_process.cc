@@ -93,8 +93,20 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(1))) {
     spdlog::debug("rank {}: coordinator {} not reachable yet", options_.rank,
                   options_.coordinator);
+    // A coordinator that is still starting is the usual reason; a refused TLS handshake looks
+    // the same from here (only the coordinator's log names the certificate), so say so.
+    ++failed_connects_;
+    if (failed_connects_ % 30 == 3) {
+      spdlog::warn("rank {}: cannot connect to the coordinator at {} ({} attempts){}",
+                   options_.rank, options_.coordinator, failed_connects_,
+                   options_.config.server.rank_tls.cert.empty()
+                       ? ""
+                       : " over mutual TLS: is it up, and did server.rank_tls.ca sign both "
+                         "its certificate and this rank's?");
+    }
     return true;
   }
+  failed_connects_ = 0;
   auto stub = internal::RankControl::NewStub(channel);
   grpc::ClientContext context;
   {

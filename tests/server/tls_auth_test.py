@@ -308,7 +308,7 @@ class RankPortMutualTls(unittest.TestCase):
             address, rank_address = ops.wait_for_lines(address_file, 2, 60)
             start("rank0", ["rank", "--rank", "0", "--coordinator", rank_address] +
                   pki.rank_settings())
-            start("rogue", ["rank", "--rank", "1", "--coordinator", rank_address] +
+            rogue_log = start("rogue", ["rank", "--rank", "1", "--coordinator", rank_address] +
                               pki.rank_settings("rogue-rank"))
             channel = grpc.insecure_channel(address)
             time.sleep(5)
@@ -318,6 +318,8 @@ class RankPortMutualTls(unittest.TestCase):
                              coordinator_log)
             self.assertRegex(coordinator_log, r"rank 0 .*attached")
             self.assertNotRegex(coordinator_log, r"rank 1 .*attached")
+            with open(rogue_log) as f:
+                self.assertIn("cannot connect to the coordinator at " + rank_address, f.read())
             self.assertEqual(processes[-1][0].poll(), None, "the rogue rank gave up")
             # Rank 1's shared-memory segments are the rogue's until it has exited.
             processes[-1][0].terminate()
