@@ -7,12 +7,35 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "common/flags.h"
+#include "common/status.h"
+
 namespace gcmoe::client {
 
 // Responses carry [T, H] outputs far past gRPC's 4 MiB default; the channel accepts up to this
 // much unless the server announces a larger limit (ModelInfo.max_message_bytes).
 inline constexpr int kDefaultMaxMessageBytes = 256 << 20;
 
+// How to reach a service that has TLS (server.tls) or tokens (server.auth.tokens_file) on.
+struct ConnectionOptions {
+  bool tls = false;      // TLS, verifying the server against the system's CAs or tls_ca
+  std::string tls_ca;    // PEM CA bundle that signed the server's certificate (implies tls)
+  std::string tls_cert;  // client certificate (PEM) for mTLS, with tls_key
+  std::string tls_key;
+  // The name the server's certificate must carry when it differs from the address's host
+  // (a probe dialling 127.0.0.1 of a service whose certificate names its DNS name).
+  std::string tls_server_name;
+  std::string token_file;  // file whose first non-comment line is the bearer token
+};
+
+// --tls, --tls-ca, --tls-cert, --tls-key, --tls-server-name, --token-file.
+void AddConnectionFlags(Flags* flags, ConnectionOptions* options);
+
+// A channel that speaks TLS when asked and sends "authorization: Bearer TOKEN" on every call
+// when a token file is given. An unreadable file is INVALID_ARGUMENT naming its flag.
+Result<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& addr, int max_message_bytes,
+                                                   const ConnectionOptions& options);
+// Plaintext, no token.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& addr, int max_message_bytes);
 
 // A deadline `ms` from now, for ClientContext::set_deadline.

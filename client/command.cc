@@ -71,9 +71,16 @@ int RunHealth(int argc, char** argv) {
   flags.String("service", &service,
                "service name to check: \"\" (the server as a whole) or gcmoe.v1.MoeService");
   flags.Int("timeout-ms", &timeout_ms, "deadline of the check in milliseconds");
+  client::ConnectionOptions connection;
+  client::AddConnectionFlags(&flags, &connection);
   if (int rc = flags.ParseOrExit(argc, argv, 2); rc >= 0) return rc;
 
-  auto channel = MakeChannel(addr, client::kDefaultMaxMessageBytes);
+  auto made = MakeChannel(addr, client::kDefaultMaxMessageBytes, connection);
+  if (!made.ok()) {
+    std::fprintf(stderr, "gcmoe client health: %s\n", made.status().message().c_str());
+    return 2;
+  }
+  std::shared_ptr<grpc::Channel> channel = *made;
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(DeadlineIn(timeout_ms));
@@ -146,9 +153,16 @@ int RunInfo(int argc, char** argv) {
   flags.String("addr", &addr, "service address host:port");
   flags.Int("timeout-ms", &timeout_ms, "deadline of the call in milliseconds");
   flags.Bool("json", &json, "print the ModelInfo message as JSON");
+  client::ConnectionOptions connection;
+  client::AddConnectionFlags(&flags, &connection);
   if (int rc = flags.ParseOrExit(argc, argv, 2); rc >= 0) return rc;
 
-  auto channel = MakeChannel(addr, client::kDefaultMaxMessageBytes);
+  auto made = MakeChannel(addr, client::kDefaultMaxMessageBytes, connection);
+  if (!made.ok()) {
+    std::fprintf(stderr, "gcmoe client info: %s\n", made.status().message().c_str());
+    return 2;
+  }
+  std::shared_ptr<grpc::Channel> channel = *made;
   auto stub = v1::MoeService::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(DeadlineIn(timeout_ms));
@@ -216,9 +230,16 @@ int RunStats(int argc, char** argv) {
   flags.String("addr", &addr, "service address host:port");
   flags.Int("timeout-ms", &timeout_ms, "deadline of the call in milliseconds");
   flags.Bool("json", &json, "print the Stats message as JSON");
+  client::ConnectionOptions connection;
+  client::AddConnectionFlags(&flags, &connection);
   if (int rc = flags.ParseOrExit(argc, argv, 2); rc >= 0) return rc;
 
-  auto channel = MakeChannel(addr, client::kDefaultMaxMessageBytes);
+  auto made = MakeChannel(addr, client::kDefaultMaxMessageBytes, connection);
+  if (!made.ok()) {
+    std::fprintf(stderr, "gcmoe client stats: %s\n", made.status().message().c_str());
+    return 2;
+  }
+  std::shared_ptr<grpc::Channel> channel = *made;
   auto stub = v1::MoeService::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(DeadlineIn(timeout_ms));

@@ -163,6 +163,8 @@ int RunForward(int argc, char** argv) {
   flags.String("save", &o.save, "write the last response's output here (.npy, float32)");
   flags.Int("deadline-ms", &o.deadline_ms, "deadline per call in ms; 0 = the server's default");
   flags.Int("timeout-ms", &o.timeout_ms, "deadline of the initial GetModelInfo in ms");
+  ConnectionOptions connection;
+  AddConnectionFlags(&flags, &connection);
   if (int rc = flags.ParseOrExit(argc, argv, 2); rc >= 0) return rc;
   v1::DType dtype = v1::BF16;
   v1::DType output_dtype = v1::BF16;
@@ -171,7 +173,12 @@ int RunForward(int argc, char** argv) {
     return 2;
   }
 
-  auto channel = MakeChannel(o.addr, kDefaultMaxMessageBytes);
+  auto made = MakeChannel(o.addr, kDefaultMaxMessageBytes, connection);
+  if (!made.ok()) {
+    std::fprintf(stderr, "gcmoe client forward: %s\n", made.status().message().c_str());
+    return 2;
+  }
+  std::shared_ptr<grpc::Channel> channel = *made;
   v1::ModelInfo info;
   {
     auto stub = v1::MoeService::NewStub(channel);
@@ -185,8 +192,14 @@ int RunForward(int argc, char** argv) {
     }
   }
   if (info.max_message_bytes() > static_cast<uint64_t>(kDefaultMaxMessageBytes)) {
-    channel = MakeChannel(o.addr,
-                          static_cast<int>(std::min<uint64_t>(info.max_message_bytes(), INT_MAX)));
+    made =
+        MakeChannel(o.addr, static_cast<int>(std::min<uint64_t>(info.max_message_bytes(), INT_MAX)),
+                    connection);
+    if (!made.ok()) {
+      std::fprintf(stderr, "gcmoe client forward: %s\n", made.status().message().c_str());
+      return 2;
+    }
+    channel = *made;
   }
   auto stub = v1::MoeService::NewStub(channel);
 

@@ -109,6 +109,20 @@ ordered_json ServerJson(const ServerConfig& s) {
   j["batch_window_us"] = s.batch_window_us;
   j["max_batch_calls"] = s.max_batch_calls;
   j["echo"] = s.echo;
+  j["metrics_listen"] = s.metrics_listen;
+  ordered_json tls = ordered_json::object();
+  tls["cert"] = s.tls.cert;
+  tls["key"] = s.tls.key;
+  tls["client_ca"] = s.tls.client_ca;
+  j["tls"] = tls;
+  ordered_json rank_tls = ordered_json::object();
+  rank_tls["cert"] = s.rank_tls.cert;
+  rank_tls["key"] = s.rank_tls.key;
+  rank_tls["ca"] = s.rank_tls.ca;
+  j["rank_tls"] = rank_tls;
+  ordered_json auth = ordered_json::object();
+  auth["tokens_file"] = s.auth.tokens_file;
+  j["auth"] = auth;
   return j;
 }
 

@@ -109,6 +109,29 @@ struct BalancerConfig {
   int refit_steps = 0;                // balancer.refit_steps: refit every N steps ("observed")
 };
 
+// server.tls: TLS on the public port. cert and key together turn it on (PEM files); client_ca
+// adds mTLS: a client must present a certificate that CA signed. Reloaded on SIGHUP.
+struct TlsConfig {
+  std::string cert;       // server.tls.cert: certificate chain (PEM)
+  std::string key;        // server.tls.key: its private key (PEM)
+  std::string client_ca;  // server.tls.client_ca: CA bundle for client certificates (mTLS)
+};
+
+// server.rank_tls: mutual TLS between the coordinator and its ranks. All three or none: the
+// coordinator serves the rank port with cert/key and requires a rank certificate that ca signed;
+// a rank presents its own cert/key and verifies the coordinator's against ca.
+struct RankTlsConfig {
+  std::string cert;  // server.rank_tls.cert
+  std::string key;   // server.rank_tls.key
+  std::string ca;    // server.rank_tls.ca
+};
+
+struct AuthConfig {
+  // server.auth.tokens_file: one bearer token per line ('#' starts a comment); when set, every
+  // MoeService call needs "authorization: Bearer TOKEN" metadata (health stays open).
+  std::string tokens_file;
+};
+
 struct ServerConfig {
   std::string listen = "127.0.0.1:50051";   // server.listen (host:port)
   std::string rank_listen = "127.0.0.1:0";  // server.rank_listen: where ranks attach (0 = any)
@@ -131,6 +154,11 @@ struct ServerConfig {
   int max_batch_calls = 64;
   // server.echo: serve the Echo method (the transport floor `gcmoe bench serve` measures).
   bool echo = false;
+  // server.metrics_listen: host:port of the Prometheus /metrics endpoint; "" = none.
+  std::string metrics_listen = "127.0.0.1:9464";
+  TlsConfig tls;           // server.tls
+  RankTlsConfig rank_tls;  // server.rank_tls
+  AuthConfig auth;         // server.auth
 };
 
 struct LoggingConfig {
@@ -175,5 +203,12 @@ Result<Config> ParseConfig(const std::string& json_text, const std::string& sour
 Result<Config> LoadConfigFile(const std::string& path,
                               const std::vector<std::string>& overrides = {},
                               const CheckpointReader& checkpoint = {});
+
+// The extra rules of split mode, where `gcmoe coordinator` and each `gcmoe rank` start apart
+// (systemd's split units, Kubernetes) and ranks find the coordinator from the config alone:
+// server.rank_listen needs a fixed port, and a wildcard host needs server.coordinator.
+// INVALID_ARGUMENT with one problem per line, like ParseConfig. `gcmoe serve` does not need
+// them: it passes the bound address to the ranks it starts.
+Status CheckSplitMode(const Config& config);
 
 }  // namespace gcmoe::config

@@ -105,12 +105,64 @@ void CheckBalancer(const Config& c, Problems* p) {
   }
 }
 
+void CheckServerSecurity(const Config& c, Problems* p) {
+  const TlsConfig& tls = c.server.tls;
+  if (AllValid(*p, {"server.tls.cert", "server.tls.key"}) && tls.cert.empty() != tls.key.empty()) {
+    const char* missing = tls.cert.empty() ? "server.tls.cert" : "server.tls.key";
+    p->Expected(missing, "a PEM file path: server.tls.cert and server.tls.key go together", "\"\"");
+  }
+  if (AllValid(*p, {"server.tls.client_ca", "server.tls.cert"}) && !tls.client_ca.empty() &&
+      tls.cert.empty()) {
+    p->Expected("server.tls.client_ca",
+                "\"\" without server.tls.cert and server.tls.key (mTLS needs TLS)",
+                Quote(tls.client_ca));
+  }
+  const RankTlsConfig& rank = c.server.rank_tls;
+  const int set = !rank.cert.empty() + !rank.key.empty() + !rank.ca.empty();
+  if (AllValid(*p, {"server.rank_tls.cert", "server.rank_tls.key", "server.rank_tls.ca"}) &&
+      set != 0 && set != 3) {
+    const char* missing = rank.cert.empty()  ? "server.rank_tls.cert"
+                          : rank.key.empty() ? "server.rank_tls.key"
+                                             : "server.rank_tls.ca";
+    p->Expected(missing,
+                "a PEM file path: server.rank_tls.cert, key and ca go together (mutual TLS)",
+                "\"\"");
+  }
+}
+
 }  // namespace
 
 void CheckCrossFieldRules(const Config& config, Problems* problems) {
   CheckModelAndParallel(config, problems);
   CheckCudaAlignment(config, problems);
   CheckBalancer(config, problems);
+  CheckServerSecurity(config, problems);
 }
 
 }  // namespace gcmoe::config::internal
+
+namespace gcmoe::config {
+
+Status CheckSplitMode(const Config& config) {
+  internal::Problems problems;
+  const std::string& rank_listen = config.server.rank_listen;
+  const size_t colon = rank_listen.rfind(':');
+  const std::string host = rank_listen.substr(0, colon);
+  if (rank_listen.substr(colon + 1) == "0") {
+    problems.Expected("server.rank_listen",
+                      "a fixed port in split mode (ranks started apart read it from the config "
+                      "to attach), e.g. \"127.0.0.1:50052\"",
+                      "\"" + rank_listen + "\" (port 0: any free port)");
+  }
+  if (config.server.coordinator.empty() &&
+      (host == "0.0.0.0" || host == "[::]" || host == "[0:0:0:0:0:0:0:0]")) {
+    problems.Expected("server.coordinator",
+                      "the host:port ranks dial in split mode when server.rank_listen is a "
+                      "wildcard address (" +
+                          rank_listen + ")",
+                      "\"\"");
+  }
+  return problems.ToStatus();
+}
+
+}  // namespace gcmoe::config

@@ -254,6 +254,23 @@ void ReadServer(ObjectReader r, ServerConfig* s) {
   r.Int("max_batch_calls", {.min = 1, .max = 4096, .expected = "an integer in 1..4096"},
         &s->max_batch_calls);
   r.Bool("echo", &s->echo);
+  r.String(
+      "metrics_listen", "host:port or \"\" (no metrics endpoint)",
+      [](const std::string& v) { return v.empty() || IsHostPort(v); }, &s->metrics_listen);
+  ObjectReader tls = r.Object("tls", "an object with cert, key and client_ca");
+  tls.String("cert", "a PEM file path or \"\" (no TLS)", {}, &s->tls.cert);
+  tls.String("key", "a PEM file path or \"\" (no TLS)", {}, &s->tls.key);
+  tls.String("client_ca", "a PEM file path or \"\" (no client certificates)", {},
+             &s->tls.client_ca);
+  tls.Finish();
+  ObjectReader rank_tls = r.Object("rank_tls", "an object with cert, key and ca");
+  rank_tls.String("cert", "a PEM file path or \"\" (plaintext rank port)", {}, &s->rank_tls.cert);
+  rank_tls.String("key", "a PEM file path or \"\" (plaintext rank port)", {}, &s->rank_tls.key);
+  rank_tls.String("ca", "a PEM file path or \"\" (plaintext rank port)", {}, &s->rank_tls.ca);
+  rank_tls.Finish();
+  ObjectReader auth = r.Object("auth", "an object with tokens_file");
+  auth.String("tokens_file", "a file path or \"\" (no authentication)", {}, &s->auth.tokens_file);
+  auth.Finish();
   r.Finish();
 }
 

@@ -1,13 +1,28 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages gcmoe builds and tests with. Idempotent: does nothing when
 # every package is already there. CUDA and NCCL come from the toolkit in /usr/local/cuda.
+#   deploy/install-deps.sh [--build-only]   (--build-only: what the build needs, not the tests;
+#                                            the container images' build stages)
 set -euo pipefail
+
+build_only=0
+case "${1:-}" in
+  --build-only) build_only=1 ;;
+  "") ;;
+  *) echo "install-deps: unknown argument $1 (expected --build-only)" >&2; exit 2 ;;
+esac
 
 packages=(
   build-essential cmake ninja-build pkg-config
   # gRPC's CMake config needs these four together.
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libspdlog-dev nlohmann-json3-dev libglpk-dev
+  # The /metrics endpoint (server/metrics.cc) serves through prometheus-cpp's pull exposer.
+  prometheus-cpp-dev
+  # Certificate checks before TLS (server/tls_credentials.cc).
+  libssl-dev
+)
+test_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # The Python client and its tests run on Debian's interpreter, /usr/bin/python3.
   python3 python3-grpcio python3-protobuf python3-numpy python3-venv python3-pip
@@ -16,7 +31,11 @@ packages=(
   # APIv2 messages of protoc-gen-go).
   golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev
   protoc-gen-go protoc-gen-go-grpc
+  # Operations tests: a real Prometheus scrapes `gcmoe serve`, openssl makes a test CA,
+  # systemd-analyze verifies the units, python3-yaml parses the Kubernetes manifests.
+  prometheus openssl systemd python3-yaml
 )
+[ "$build_only" -eq 1 ] || packages+=("${test_packages[@]}")
 
 missing=()
 for p in "${packages[@]}"; do

@@ -29,9 +29,19 @@ install -D -m 0755 "$binary" "$prefix/usr/local/bin/gcmoe"
 install -d -m 0755 "$prefix/etc/gcmoe"
 if [ -e "$prefix/etc/gcmoe/gcmoe.json" ]; then
   echo "install.sh: keeping the existing $prefix/etc/gcmoe/gcmoe.json"
+elif "$binary" config show --config "$config" | grep -q '"rank_listen": ".*:0"'; then
+  # The split units (gcmoe-coordinator + gcmoe-rank@N) start ranks apart from the coordinator,
+  # and they find it through the config alone: give the rank port a fixed number. `gcmoe serve`
+  # works with either.
+  "$binary" config show --config "$config" --set server.rank_listen=127.0.0.1:50052 \
+    > "$prefix/etc/gcmoe/gcmoe.json"
+  chmod 0644 "$prefix/etc/gcmoe/gcmoe.json"
+  echo "install.sh: $prefix/etc/gcmoe/gcmoe.json: server.rank_listen set to 127.0.0.1:50052"
 else
   install -m 0644 "$config" "$prefix/etc/gcmoe/gcmoe.json"
 fi
+"$binary" config validate --split "$prefix/etc/gcmoe/gcmoe.json" >/dev/null ||
+  echo "install.sh: gcmoe.service can run this config; the split units cannot (above)" >&2
 for unit in deploy/systemd/*.service; do
   install -D -m 0644 "$unit" "$prefix/etc/systemd/system/$(basename "$unit")"
 done

@@ -117,6 +117,11 @@ bool Coordinator::serving() const {
   return (serving_ || reconfiguring_) && !draining_;
 }
 
+int Coordinator::queue_depth() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_;
+}
+
 bool Coordinator::AllAttachedLocked() const {
   return std::all_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.session; });
 }

@@ -90,6 +90,8 @@ class Coordinator {
                  gcmoe::v1::ForwardResponse* response);
 
   bool serving() const;
+  // Forward calls waiting behind the step in flight.
+  int queue_depth() const;
   // Per-rank readiness and restart counts.
   void FillRankStats(gcmoe::v1::Stats* stats) const;
 

@@ -13,6 +13,7 @@
 #include "server/coordinator_server.h"
 #include "server/logging.h"
 #include "server/signals.h"
+#include "server/systemd_notify.h"
 
 namespace gcmoe::server {
 
@@ -35,8 +36,8 @@ int RunCoordinatorCommand(int argc, char** argv) {
                "where ranks attach, host:port (overrides server.rank_listen)");
   flags.Int("drain-ms", &drain_ms, "on SIGTERM, how long admitted calls may take to finish");
   flags.String("address-file", &address_file,
-               "once listening, write the bound API address and rank address to this file, "
-               "one per line");
+               "once listening, write the bound API address, rank address and (with\n"
+               "server.metrics_listen) metrics address to this file, one per line");
   if (int rc = flags.ParseOrExit(argc, argv); rc >= 0) return rc;
   if (!listen.empty()) overrides.push_back("server.listen=" + listen);
   if (!rank_listen.empty()) overrides.push_back("server.rank_listen=" + rank_listen);
@@ -55,7 +56,11 @@ int RunCoordinatorCommand(int argc, char** argv) {
   if (!address_file.empty()) {
     // Written whole under a temporary name, then renamed: a reader never sees half a file.
     const std::string tmp = address_file + ".tmp";
-    std::ofstream(tmp) << (*server)->public_address() << "\n" << (*server)->rank_address() << "\n";
+    {
+      std::ofstream out(tmp);
+      out << (*server)->public_address() << "\n" << (*server)->rank_address() << "\n";
+      if (!(*server)->metrics_address().empty()) out << (*server)->metrics_address() << "\n";
+    }
     std::rename(tmp.c_str(), address_file.c_str());
   }
   std::mutex mu;
@@ -67,10 +72,24 @@ int RunCoordinatorCommand(int argc, char** argv) {
     stop = true;
     cv.notify_all();
   });
+  CoordinatorServer* coordinator_server = server->get();
+  WatchReloadSignal([coordinator_server] { (void)coordinator_server->Reload(); });
+  SystemdWatchdog watchdog([coordinator_server] {
+    (void)coordinator_server->coordinator().serving();
+    return true;
+  });
+  // Split mode: the rank units start after this one is active, so the coordinator is ready
+  // once ranks can attach; whether it serves is in STATUS, health and gcmoe_serving.
+  NotifySystemd("READY=1\nSTATUS=listening on " + (*server)->public_address() +
+                "; ranks attach on " + (*server)->rank_address());
+  (*server)->coordinator().AddServingCallback([](bool serving) {
+    NotifySystemd(serving ? "STATUS=serving" : "STATUS=waiting for every rank to be ready");
+  });
   {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return stop; });
   }
+  NotifySystemd("STOPPING=1\nSTATUS=draining");
   (*server)->Shutdown(std::chrono::milliseconds(drain_ms));
   if (!address_file.empty()) std::remove(address_file.c_str());
   return 0;

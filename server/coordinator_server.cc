@@ -1,5 +1,7 @@
 #include "server/coordinator_server.h"
 
+#include <functional>
+
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
@@ -36,6 +38,23 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
                            " bytes, over gRPC's 2 GiB limit; lower engine.max_tokens_per_rank");
   }
   server->stats_ = std::make_unique<ServiceStats>(config.parallel.ranks);
+  GCMOE_ASSIGN_OR_RETURN(server->metrics_,
+                         Metrics::Start(config.server.metrics_listen, config.parallel.ranks));
+  if (!config.server.auth.tokens_file.empty()) {
+    GCMOE_ASSIGN_OR_RETURN(server->auth_, TokenAuthenticator::Load(config.server.auth.tokens_file));
+  }
+  std::shared_ptr<grpc::ServerCredentials> public_credentials = grpc::InsecureServerCredentials();
+  if (!config.server.tls.cert.empty()) {
+    GCMOE_ASSIGN_OR_RETURN(server->public_tls_,
+                           ReloadableServerCredentials::Create(PublicTlsFiles(config.server)));
+    public_credentials = server->public_tls_->credentials();
+  }
+  std::shared_ptr<grpc::ServerCredentials> rank_credentials = grpc::InsecureServerCredentials();
+  if (!config.server.rank_tls.cert.empty()) {
+    GCMOE_ASSIGN_OR_RETURN(server->rank_tls_,
+                           ReloadableServerCredentials::Create(RankTlsFiles(config.server)));
+    rank_credentials = server->rank_tls_->credentials();
+  }
   CoordinatorOptions options;
   options.world_size = config.parallel.ranks;
   options.hidden = config.model.hidden;
@@ -55,9 +74,23 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
   server->coordinator_ =
       std::make_unique<Coordinator>(options, std::move(planner), server->stats_.get());
   server->moe_service_ = std::make_unique<MoeServiceImpl>(
-      config, max_bytes, server->coordinator_.get(), server->stats_.get());
+      config, max_bytes, server->coordinator_.get(), server->stats_.get(), server->metrics_.get(),
+      server->auth_.get());
   server->kserve_service_ = std::make_unique<KServeServiceImpl>(
       config, server->moe_service_.get(), server->coordinator_.get(), server->stats_.get());
+  Coordinator* coordinator = server->coordinator_.get();
+  const int world_size = config.parallel.ranks;
+  server->metrics_->SetStateSource([coordinator, world_size] {
+    ServiceState state;
+    state.serving = coordinator->serving();
+    state.queue_depth = coordinator->queue_depth();
+    gcmoe::v1::Stats stats;
+    // FillRankStats fills the rank entries that are there.
+    for (int r = 0; r < world_size; ++r) stats.add_ranks()->set_rank(static_cast<uint32_t>(r));
+    coordinator->FillRankStats(&stats);
+    state.ranks.assign(stats.ranks().begin(), stats.ranks().end());
+    return state;
+  });
   server->rank_service_ = std::make_unique<RankControlService>(server->coordinator_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -69,8 +102,7 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
     // gRPC turns SO_REUSEPORT on by default on Linux, which would let a second service bind
     // the same port and silently share its traffic: a busy port must be an error instead.
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-    builder.AddListeningPort(config.server.rank_listen, grpc::InsecureServerCredentials(),
-                             &rank_port);
+    builder.AddListeningPort(config.server.rank_listen, rank_credentials, &rank_port);
     builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
     builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
     builder.RegisterService(server->rank_service_.get());
@@ -84,8 +116,7 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
   {
     grpc::ServerBuilder builder;
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-    builder.AddListeningPort(config.server.listen, grpc::InsecureServerCredentials(),
-                             &public_port);
+    builder.AddListeningPort(config.server.listen, public_credentials, &public_port);
     builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
     builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
     builder.RegisterService(server->moe_service_.get());
@@ -110,7 +141,42 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
                "max {} tokens per call, max message {} bytes)",
                server->public_address_, server->rank_address_, config.parallel.ranks,
                config.engine.backend, config.max_tokens(), max_bytes);
+  spdlog::info("coordinator: API {}{}; rank port {}; metrics {}",
+               server->public_tls_ ? "over TLS" : "in plaintext",
+               !config.server.tls.client_ca.empty() ? " with client certificates (mTLS)" : "",
+               server->rank_tls_ ? "over mutual TLS" : "in plaintext",
+               server->metrics_->address().empty()
+                   ? std::string("off")
+                   : "on http://" + server->metrics_->address() + "/metrics");
+  if (server->auth_) {
+    spdlog::info("coordinator: MoeService calls need a bearer token ({} token(s) from {})",
+                 server->auth_->size(), config.server.auth.tokens_file);
+    if (!server->public_tls_) {
+      spdlog::warn(
+          "coordinator: server.auth.tokens_file without server.tls: tokens cross the "
+          "network in plaintext");
+    }
+  }
   return server;
+}
+
+Status CoordinatorServer::Reload() {
+  Status result = Status::Ok();
+  auto reload = [&result](const char* what, const std::function<Status()>& load) {
+    if (Status s = load(); !s.ok()) {
+      spdlog::error("reload: {} kept as they were: {}", what, s.message());
+      if (result.ok()) result = s;
+    } else {
+      spdlog::info("reload: {} reloaded", what);
+    }
+  };
+  if (public_tls_) reload("API certificates", [this] { return public_tls_->Reload(); });
+  if (rank_tls_) reload("rank-port certificates", [this] { return rank_tls_->Reload(); });
+  if (auth_) reload("tokens", [this] { return auth_->Reload(); });
+  if (!public_tls_ && !rank_tls_ && !auth_) {
+    spdlog::info("reload: no TLS certificates or tokens file configured; nothing to reload");
+  }
+  return result;
 }
 
 void CoordinatorServer::Shutdown(std::chrono::milliseconds drain_timeout) {

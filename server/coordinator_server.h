@@ -11,11 +11,14 @@
 
 #include "common/status.h"
 #include "config/config.h"
+#include "server/auth_tokens.h"
 #include "server/coordinator.h"
 #include "server/kserve_service.h"
+#include "server/metrics.h"
 #include "server/moe_service.h"
 #include "server/rank_control_service.h"
 #include "server/service_stats.h"
+#include "server/tls_credentials.h"
 
 namespace gcmoe::server {
 
@@ -31,7 +34,13 @@ class CoordinatorServer {
   // Addresses with the ports actually bound (a configured port 0 picks a free one).
   const std::string& public_address() const { return public_address_; }
   const std::string& rank_address() const { return rank_address_; }
+  // host:port of /metrics; "" when server.metrics_listen is empty.
+  const std::string& metrics_address() const { return metrics_->address(); }
   Coordinator& coordinator() { return *coordinator_; }
+
+  // SIGHUP: reads the TLS certificates and keys and the tokens file again. Each that fails to
+  // load keeps its current one, and the error names its config key.
+  Status Reload();
 
   // Drains admitted calls, tells the ranks to exit, stops both servers.
   void Shutdown(std::chrono::milliseconds drain_timeout);
@@ -41,7 +50,12 @@ class CoordinatorServer {
 
   config::Config config_;
   std::unique_ptr<ServiceStats> stats_;
+  std::unique_ptr<TokenAuthenticator> auth_;                 // null: no token authentication
+  std::unique_ptr<ReloadableServerCredentials> public_tls_;  // null: plaintext
+  std::unique_ptr<ReloadableServerCredentials> rank_tls_;    // null: plaintext
   std::unique_ptr<Coordinator> coordinator_;
+  // After the coordinator: destroyed first, so no scrape reads a destroyed coordinator.
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<MoeServiceImpl> moe_service_;
   std::unique_ptr<KServeServiceImpl> kserve_service_;
   std::unique_ptr<RankControlService> rank_service_;

@@ -8,18 +8,54 @@
 
 namespace gcmoe::server {
 
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string GrpcCodeName(const grpc::Status& status) {
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) return "UNAUTHENTICATED";
+  return StatusCodeName(FromGrpcCode(status.error_code()));
+}
+
+}  // namespace
+
 MoeServiceImpl::MoeServiceImpl(const config::Config& config, int64_t max_message_bytes,
-                               Coordinator* coordinator, ServiceStats* stats)
+                               Coordinator* coordinator, ServiceStats* stats, Metrics* metrics,
+                               const TokenAuthenticator* auth)
     : config_(config),
       max_message_bytes_(max_message_bytes),
       coordinator_(coordinator),
-      stats_(stats) {
+      stats_(stats),
+      metrics_(metrics),
+      auth_(auth) {
   limits_.hidden = config.model.hidden;
   limits_.experts = config.model.experts;
   limits_.top_k = config.model.top_k;
   limits_.layers = config.model.layers;
   limits_.max_tokens = config.max_tokens();
   limits_.world_size = config.parallel.ranks;
+}
+
+grpc::Status MoeServiceImpl::Authenticate(const grpc::ServerContext& context) const {
+  if (auth_ == nullptr) return grpc::Status::OK;
+  grpc::Status status = auth_->Check(context);
+  if (!status.ok())
+    spdlog::info("call from {} refused: {}", context.peer(), status.error_message());
+  return status;
+}
+
+grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
+                                     const gcmoe::v1::ForwardRequest* request,
+                                     gcmoe::v1::ForwardResponse* response) {
+  const auto start = std::chrono::steady_clock::now();
+  metrics_->CallStarted();
+  grpc::Status status = Authenticate(*context);
+  if (status.ok()) status = ToGrpcStatus(RunForward(context, *request, response));
+  metrics_->CallFinished();
+  metrics_->RecordCall("Forward", GrpcCodeName(status), SecondsSince(start));
+  return status;
 }
 
 Status MoeServiceImpl::RunForward(grpc::ServerContext* context,
@@ -53,31 +89,47 @@ Status MoeServiceImpl::RunForward(grpc::ServerContext* context,
     return status;
   }
   response->set_request_id(request.request_id());
-  response->mutable_stats()->set_validate_ns(
+  gcmoe::v1::ForwardStats* stats = response->mutable_stats();
+  stats->set_validate_ns(
       std::chrono::duration_cast<std::chrono::nanoseconds>(validated_at - start).count());
+  metrics_->RecordStep(*stats, validated.num_tokens);
+  const std::pair<const char*, int64_t> stages[] = {{"validate", stats->validate_ns()},
+                                                    {"to_ranks", stats->to_ranks_ns()},
+                                                    {"host", stats->host_ns()},
+                                                    {"h2d", stats->h2d_ns()},
+                                                    {"device", stats->device_ns()},
+                                                    {"d2h", stats->d2h_ns()},
+                                                    {"from_ranks", stats->from_ranks_ns()},
+                                                    {"assemble", stats->assemble_ns()}};
+  for (const auto& [stage, ns] : stages) {
+    metrics_->RecordStage(stage, static_cast<double>(ns) * 1e-9);
+  }
   spdlog::debug("Forward {}: {} tokens in {} us (engine {} us, {} call(s) in the step)",
-                request.request_id(), validated.num_tokens, response->stats().total_ns() / 1000,
-                response->stats().engine_ns() / 1000, response->stats().batched_calls());
+                request.request_id(), validated.num_tokens, stats->total_ns() / 1000,
+                stats->engine_ns() / 1000, stats->batched_calls());
   return Status::Ok();
-}
-
-grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
-                                     const gcmoe::v1::ForwardRequest* request,
-                                     gcmoe::v1::ForwardResponse* response) {
-  return ToGrpcStatus(RunForward(context, *request, response));
 }
 
 grpc::Status MoeServiceImpl::ForwardStream(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<gcmoe::v1::ForwardStreamResponse, gcmoe::v1::ForwardRequest>* stream) {
+  if (grpc::Status status = Authenticate(*context); !status.ok()) {
+    metrics_->RecordCall("ForwardStream", GrpcCodeName(status), 0.0);
+    return status;
+  }
   gcmoe::v1::ForwardRequest request;
   gcmoe::v1::ForwardStreamResponse reply;
   uint64_t messages = 0;
   while (stream->Read(&request)) {
+    const auto start = std::chrono::steady_clock::now();
     ++messages;
     reply.Clear();
+    metrics_->CallStarted();
     const Status status = RunForward(context, request, reply.mutable_response());
-    reply.set_code(static_cast<int>(ToGrpcStatus(status).error_code()));
+    metrics_->CallFinished();
+    const grpc::Status grpc_status = ToGrpcStatus(status);
+    metrics_->RecordCall("ForwardStream", GrpcCodeName(grpc_status), SecondsSince(start));
+    reply.set_code(static_cast<int>(grpc_status.error_code()));
     reply.set_message(status.message());
     reply.set_request_id(request.request_id());
     if (!status.ok()) reply.clear_response();
@@ -87,12 +139,14 @@ grpc::Status MoeServiceImpl::ForwardStream(
   return grpc::Status::OK;
 }
 
-grpc::Status MoeServiceImpl::Echo(grpc::ServerContext*, const gcmoe::v1::ForwardRequest* request,
+grpc::Status MoeServiceImpl::Echo(grpc::ServerContext* context,
+                                  const gcmoe::v1::ForwardRequest* request,
                                   gcmoe::v1::ForwardResponse* response) {
   if (!config_.server.echo) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                         "Echo is served only with server.echo on (gcmoe bench serve sets it)");
   }
+  if (grpc::Status status = Authenticate(*context); !status.ok()) return status;
   if (request->hidden().shape_size() != 2 || request->hidden().shape(0) < 0 ||
       request->hidden().shape(0) > config_.max_tokens()) {
     return grpc::Status(
@@ -112,9 +166,14 @@ grpc::Status MoeServiceImpl::Echo(grpc::ServerContext*, const gcmoe::v1::Forward
   return grpc::Status::OK;
 }
 
-grpc::Status MoeServiceImpl::GetModelInfo(grpc::ServerContext*,
+grpc::Status MoeServiceImpl::GetModelInfo(grpc::ServerContext* context,
                                           const gcmoe::v1::GetModelInfoRequest*,
                                           gcmoe::v1::ModelInfo* info) {
+  const auto start = std::chrono::steady_clock::now();
+  if (grpc::Status status = Authenticate(*context); !status.ok()) {
+    metrics_->RecordCall("GetModelInfo", GrpcCodeName(status), SecondsSince(start));
+    return status;
+  }
   const config::ModelConfig& m = config_.model;
   info->set_hidden(m.hidden);
   info->set_intermediate(m.intermediate);
@@ -144,13 +203,20 @@ grpc::Status MoeServiceImpl::GetModelInfo(grpc::ServerContext*,
   for (int l = 0; l < m.layers; ++l) {
     info->add_model_layers(m.moe_layer_ids.empty() ? l : m.moe_layer_ids[l]);
   }
+  metrics_->RecordCall("GetModelInfo", "OK", SecondsSince(start));
   return grpc::Status::OK;
 }
 
-grpc::Status MoeServiceImpl::GetStats(grpc::ServerContext*, const gcmoe::v1::GetStatsRequest*,
-                                      gcmoe::v1::Stats* stats) {
+grpc::Status MoeServiceImpl::GetStats(grpc::ServerContext* context,
+                                      const gcmoe::v1::GetStatsRequest*, gcmoe::v1::Stats* stats) {
+  const auto start = std::chrono::steady_clock::now();
+  if (grpc::Status status = Authenticate(*context); !status.ok()) {
+    metrics_->RecordCall("GetStats", GrpcCodeName(status), SecondsSince(start));
+    return status;
+  }
   stats_->Fill(stats);
   coordinator_->FillRankStats(stats);
+  metrics_->RecordCall("GetStats", "OK", SecondsSince(start));
   return grpc::Status::OK;
 }
 

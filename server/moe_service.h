@@ -1,18 +1,22 @@
-// gcmoe.v1.MoeService: the public API, a thin edge over the coordinator.
+// gcmoe.v1.MoeService: the public API, a thin edge over the coordinator. Every call is
+// authenticated here (when tokens are configured) and counted in the metrics as it ends.
 #pragma once
 
 #include "config/config.h"
 #include "gcmoe/v1/moe.grpc.pb.h"
+#include "server/auth_tokens.h"
 #include "server/coordinator.h"
 #include "server/forward_validation.h"
+#include "server/metrics.h"
 #include "server/service_stats.h"
 
 namespace gcmoe::server {
 
 class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
  public:
+  // `auth` may be null (no token authentication).
   MoeServiceImpl(const config::Config& config, int64_t max_message_bytes, Coordinator* coordinator,
-                 ServiceStats* stats);
+                 ServiceStats* stats, Metrics* metrics, const TokenAuthenticator* auth);
 
   grpc::Status Forward(grpc::ServerContext* context, const gcmoe::v1::ForwardRequest* request,
                        gcmoe::v1::ForwardResponse* response) override;
@@ -29,15 +33,18 @@ class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
 
  private:
   // One Forward, for the unary call and for each message of a stream: validation, the
-  // coordinator, stats and logs. On failure `response` is cleared.
+  // coordinator, stats, metrics and logs. On failure `response` is cleared.
   Status RunForward(grpc::ServerContext* context, const gcmoe::v1::ForwardRequest& request,
                     gcmoe::v1::ForwardResponse* response);
+  grpc::Status Authenticate(const grpc::ServerContext& context) const;
 
   const config::Config config_;
   const int64_t max_message_bytes_;
   ForwardLimits limits_;
   Coordinator* coordinator_;
   ServiceStats* stats_;
+  Metrics* metrics_;
+  const TokenAuthenticator* auth_;
 };
 
 }  // namespace gcmoe::server

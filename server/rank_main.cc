@@ -13,6 +13,7 @@
 #include "server/logging.h"
 #include "server/rank_process.h"
 #include "server/signals.h"
+#include "server/systemd_notify.h"
 
 namespace gcmoe::server {
 
@@ -75,6 +76,8 @@ int RunRankCommand(int argc, char** argv) {
     spdlog::info("rank {}: signal {} received, stopping", rank, signo);
     p->Stop();
   });
+  // The rank's main loop runs in Run(); a keep-alive thread shows the process is scheduled.
+  SystemdWatchdog watchdog([] { return true; });
   return p->Run();
 }
 

@@ -10,6 +10,8 @@
 
 #include "server/coordinator_server.h"
 #include "server/engine_config.h"
+#include "server/systemd_notify.h"
+#include "server/tls_credentials.h"
 
 namespace gcmoe::server {
 namespace {
@@ -86,12 +88,32 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
   args.SetMaxSendMessageSize(max_bytes);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  auto channel =
-      grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);
+  // Read at every attach, so a rank picks up renewed certificates when it reconnects.
+  Result<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      RankChannelCredentials(options_.config.server);
+  if (!credentials.ok()) {
+    spdlog::error("rank {}: {}", options_.rank, credentials.status().message());
+    *exit_code = 1;
+    return false;
+  }
+  auto channel = grpc::CreateCustomChannel(options_.coordinator, *credentials, args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(1))) {
-    spdlog::debug("rank {}: coordinator {} not reachable yet", options_.rank, options_.coordinator);
+    spdlog::debug("rank {}: coordinator {} not reachable yet", options_.rank,
+                  options_.coordinator);
+    // A coordinator that is still starting is the usual reason; a refused TLS handshake looks
+    // the same from here (only the coordinator's log names the certificate), so say so.
+    ++failed_connects_;
+    if (failed_connects_ % 30 == 3) {
+      spdlog::warn("rank {}: cannot connect to the coordinator at {} ({} attempts){}",
+                   options_.rank, options_.coordinator, failed_connects_,
+                   options_.config.server.rank_tls.cert.empty()
+                       ? ""
+                       : " over mutual TLS: is it up, and did server.rank_tls.ca sign both "
+                         "its certificate and this rank's?");
+    }
     return true;
   }
+  failed_connects_ = 0;
   auto stub = internal::RankControl::NewStub(channel);
   grpc::ClientContext context;
   {
@@ -223,8 +245,12 @@ void RankProcess::HandleSetup(const internal::Setup& setup, Stream* stream) {
     spdlog::error("rank {}: epoch {} setup failed: {}", options_.rank, setup.epoch(),
                   status.ToString());
   } else {
-    spdlog::info("rank {}: connected to {} peer(s) for epoch {}", options_.rank, peers.size() - 1,
-                 setup.epoch());
+    spdlog::info("rank {}: connected to {} peer(s) for epoch {}", options_.rank,
+                 peers.size() - 1, setup.epoch());
+    // A rank unit (Type=notify) is active once its rank has joined an epoch; later READYs
+    // are ignored by systemd.
+    NotifySystemd("READY=1\nSTATUS=rank " + std::to_string(options_.rank) + " ready in epoch " +
+                  std::to_string(setup.epoch()));
   }
   stream->Write(reply);
 }

@@ -73,6 +73,7 @@ class RankProcess {
   engine::StepOutput output_;
   engine::StepStats stats_;
   uint64_t placement_version_ = 0;  // of the placement installed by the last Setup (worker only)
+  int failed_connects_ = 0;         // consecutive sessions that could not connect (Run only)
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -37,6 +38,18 @@ Status RankSupervisor::Spawn(int rank) {
   argv.push_back(const_cast<char*>(executable_.c_str()));
   for (const std::string& a : args_[rank]) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  // systemd's notifications are serve's, not its ranks': the children get the environment
+  // without systemd's notify variables (built before fork: the child only calls exec).
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    if (entry.starts_with("NOTIFY_SOCKET=") || entry.starts_with("WATCHDOG_USEC=") ||
+        entry.starts_with("WATCHDOG_PID=")) {
+      continue;
+    }
+    env.push_back(*e);
+  }
+  env.push_back(nullptr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return Unavailable(std::string("fork: ") + std::strerror(errno));
@@ -44,7 +57,7 @@ Status RankSupervisor::Spawn(int rank) {
     UnblockTerminationSignals();
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(0);  // the parent died before prctl took effect
-    execv(executable_.c_str(), argv.data());
+    execve(executable_.c_str(), argv.data(), env.data());
     std::fprintf(stderr, "gcmoe serve: exec %s: %s\n", executable_.c_str(), std::strerror(errno));
     _exit(127);
   }

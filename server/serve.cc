@@ -16,6 +16,7 @@
 #include "server/logging.h"
 #include "server/rank_supervisor.h"
 #include "server/signals.h"
+#include "server/systemd_notify.h"
 
 namespace gcmoe::server {
 
@@ -37,7 +38,8 @@ int RunServeCommand(int argc, char** argv) {
   flags.String("listen", &listen, "public API address host:port (overrides server.listen)");
   flags.Int("ranks", &ranks, "number of rank processes; 0 keeps the config's parallel.ranks");
   flags.String("address-file", &address_file,
-               "write the bound API address to this file once serving (for scripts, tests)");
+               "write the bound API address to this file once serving (for scripts, tests);\n"
+               "a second line holds the bound metrics address when server.metrics_listen is set");
   flags.Int("drain-ms", &drain_ms, "on SIGTERM, how long admitted calls may take to finish");
   if (int rc = flags.ParseOrExit(argc, argv); rc >= 0) return rc;
   if (!listen.empty()) overrides.push_back("server.listen=" + listen);
@@ -87,6 +89,13 @@ int RunServeCommand(int argc, char** argv) {
     stop = true;
     cv.notify_all();
   });
+  CoordinatorServer* coordinator_server = server->get();
+  WatchReloadSignal([coordinator_server] { (void)coordinator_server->Reload(); });
+  // A keep-alive only while the coordinator answers: a deadlock in it stops them.
+  SystemdWatchdog watchdog([coordinator_server] {
+    (void)coordinator_server->coordinator().serving();
+    return true;
+  });
   (*server)->coordinator().AddServingCallback([&](bool now_serving) {
     std::lock_guard<std::mutex> lock(mu);
     serving = now_serving;
@@ -102,6 +111,7 @@ int RunServeCommand(int argc, char** argv) {
   bool announced = false;
   const auto startup_deadline = std::chrono::steady_clock::now() +
                                 std::chrono::milliseconds(config->server.startup_timeout_ms);
+  NotifySystemd("STATUS=loading the ranks");
   {
     std::unique_lock<std::mutex> lock(mu);
     while (!stop) {
@@ -114,9 +124,18 @@ int RunServeCommand(int argc, char** argv) {
         if (!address_file.empty()) {
           // Written whole under a temporary name, then renamed: readers never see half a file.
           const std::string tmp = address_file + ".tmp";
-          std::ofstream(tmp) << (*server)->public_address() << "\n";
+          {
+            std::ofstream out(tmp);
+            out << (*server)->public_address() << "\n";
+            if (!(*server)->metrics_address().empty()) {
+              out << (*server)->metrics_address() << "\n";
+            }
+          }
           std::rename(tmp.c_str(), address_file.c_str());
         }
+        // systemd's Type=notify: the unit is active once every rank is ready, not before.
+        NotifySystemd("READY=1\nSTATUS=serving on " + (*server)->public_address() + " with " +
+                      std::to_string(config->parallel.ranks) + " rank(s)");
       }
       if (Status fatal = supervisor.fatal(); !fatal.ok()) {
         spdlog::error("serve: {}", fatal.message());
@@ -131,6 +150,7 @@ int RunServeCommand(int argc, char** argv) {
       }
     }
   }
+  NotifySystemd("STOPPING=1\nSTATUS=draining");
   (*server)->Shutdown(std::chrono::milliseconds(exit_code == 0 ? drain_ms : 0));
   supervisor.StopAll(std::chrono::milliseconds(5000));
   if (!address_file.empty()) unlink(address_file.c_str());

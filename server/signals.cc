@@ -16,16 +16,29 @@ sigset_t TerminationSet() {
   return set;
 }
 
+sigset_t ReloadSet() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGHUP);
+  return set;
+}
+
+sigset_t BlockedSet() {
+  sigset_t set = TerminationSet();
+  sigaddset(&set, SIGHUP);
+  return set;
+}
+
 }  // namespace
 
 void BlockTerminationSignals() {
-  const sigset_t set = TerminationSet();
+  const sigset_t set = BlockedSet();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 }
 
 void UnblockTerminationSignals() {
-  const sigset_t set = TerminationSet();
+  const sigset_t set = BlockedSet();
   pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_DFL);
 }
@@ -36,6 +49,16 @@ void WatchTerminationSignals(std::function<void(int)> on_signal) {
     for (;;) {
       int signo = 0;
       if (sigwait(&set, &signo) == 0) on_signal(signo);
+    }
+  }).detach();
+}
+
+void WatchReloadSignal(std::function<void()> on_reload) {
+  std::thread([on_reload = std::move(on_reload)] {
+    const sigset_t set = ReloadSet();
+    for (;;) {
+      int signo = 0;
+      if (sigwait(&set, &signo) == 0) on_reload();
     }
   }).detach();
 }

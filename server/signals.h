@@ -1,5 +1,5 @@
-// SIGTERM/SIGINT as an event: blocked in every thread and received by one waiter thread, so no
-// signal handler ever runs arbitrary code.
+// SIGTERM/SIGINT (stop) and SIGHUP (reload) as events: blocked in every thread and received by
+// one waiter thread each, so no signal handler ever runs arbitrary code.
 #pragma once
 
 #include <functional>
@@ -13,5 +13,8 @@ void BlockTerminationSignals();
 void UnblockTerminationSignals();
 // Starts a thread that calls on_signal(signo) for each SIGTERM/SIGINT received.
 void WatchTerminationSignals(std::function<void(int)> on_signal);
+// Starts a thread that calls on_reload() for each SIGHUP received. A process that does not
+// watch SIGHUP leaves it blocked: a stray SIGHUP does not kill it.
+void WatchReloadSignal(std::function<void()> on_reload);
 
 }  // namespace gcmoe::server

@@ -69,11 +69,15 @@ void PrintProblems(const std::string& name, const Status& status) {
 
 int RunValidate(int argc, char** argv) {
   std::vector<std::string> overrides;
+  bool split = false;
   Flags flags("gcmoe config validate",
               "Checks config files: prints \"FILE: ok (summary)\" for a valid one and every\n"
               "problem of an invalid one, each with its JSON path and the value expected.\n"
               "Exit status 0 when every file is valid, 1 otherwise.");
   flags.Repeated("set", &overrides, kSetHelp);
+  flags.Bool("split", &split,
+             "also check the config for split mode (`gcmoe coordinator` and `gcmoe rank` as\n"
+             "separate units): ranks need a fixed server.rank_listen port to attach to");
   flags.Positional("FILE...", "config files to check");
   if (int rc = flags.ParseOrExit(argc, argv, 2); rc >= 0) return rc;
   if (flags.positional().empty()) {
@@ -85,6 +89,9 @@ int RunValidate(int argc, char** argv) {
   for (const std::string& path : flags.positional()) {
     Result<config::Config> config =
         config::LoadConfigFile(path, overrides, server::HfCheckpointReader());
+    if (config.ok() && split) {
+      if (Status s = config::CheckSplitMode(*config); !s.ok()) config = s;
+    }
     if (config.ok()) {
       std::printf("%s: ok (%s)\n", path.c_str(), Summary(*config).c_str());
     } else {

@@ -212,6 +212,25 @@ const BadConfig kBadConfigs[] = {
      "2147483647, got -1"},
     {"StepTimeoutZero", [](json& j) { j["server"]["step_timeout_ms"] = 0; },
      "server.step_timeout_ms: expected a positive integer (milliseconds), got 0"},
+    {"MetricsListenNotHostPort", [](json& j) { j["server"]["metrics_listen"] = "9464"; },
+     "server.metrics_listen: expected host:port or \"\" (no metrics endpoint), got \"9464\""},
+    {"TlsCertWithoutKey", [](json& j) { j["server"]["tls"] = {{"cert", "/etc/gcmoe/tls.crt"}}; },
+     "server.tls.key: expected a PEM file path: server.tls.cert and server.tls.key go together, "
+     "got \"\""},
+    {"TlsClientCaWithoutTls",
+     [](json& j) { j["server"]["tls"] = {{"client_ca", "/etc/gcmoe/ca.crt"}}; },
+     "server.tls.client_ca: expected \"\" without server.tls.cert and server.tls.key (mTLS needs "
+     "TLS), got \"/etc/gcmoe/ca.crt\""},
+    {"TlsUnknownKey", [](json& j) { j["server"]["tls"] = {{"ca", "/etc/gcmoe/ca.crt"}}; },
+     "server.tls.ca: unknown key (did you mean server.rank_tls.ca?)"},
+    {"RankTlsWithoutCa",
+     [](json& j) {
+       j["server"]["rank_tls"] = {{"cert", "/etc/gcmoe/rank.crt"}, {"key", "/etc/gcmoe/rank.key"}};
+     },
+     "server.rank_tls.ca: expected a PEM file path: server.rank_tls.cert, key and ca go together "
+     "(mutual TLS), got \"\""},
+    {"TokensFileNotAString", [](json& j) { j["server"]["auth"] = {{"tokens_file", 7}}; },
+     "server.auth.tokens_file: expected a file path or \"\" (no authentication), got 7"},
     {"IntegerBeyondInt64", [](json& j) { j["server"]["max_queue"] = 18446744073709551615ull; },
      "server.max_queue: expected a positive integer, got 18446744073709551615"},
     {"TopLevelNotAnObject",

@@ -26,7 +26,8 @@ class SeparateProcesses {
       : name_(name), extra_(std::move(extra)) {
     const std::string address_file = TempPath(name + ".coordinator.address");
     std::vector<std::string> args = {"coordinator", "--listen", "127.0.0.1:0", "--rank-listen",
-                                     "127.0.0.1:0", "--address-file", address_file};
+                                     "127.0.0.1:0", "--address-file", address_file, "--set",
+                                     "server.metrics_listen=127.0.0.1:0"};
     args.insert(args.end(), extra_.begin(), extra_.end());
     coordinator_ = Process::Start(args, TempPath(name + ".coordinator.log"));
     auto lines = WaitForFile(address_file, milliseconds(20000));
@@ -249,6 +250,7 @@ TEST(RankFailureTest, WeightsWithNanStopServeWithTheTensorNamed) {
   const std::string log_path = TempPath("poisoned.log");
   auto serve = Process::Start({"serve", "--listen", "127.0.0.1:0", "--set",
                                "server.rank_listen=127.0.0.1:0", "--set",
+                               "server.metrics_listen=127.0.0.1:0", "--set",
                                "model.weights=" + path},
                               log_path);
   const auto status = serve->Wait(milliseconds(60000));

@@ -136,8 +136,10 @@ std::optional<Service> StartServe(const std::vector<std::string>& extra_args,
   Service service;
   service.log_path = TempPath(name + ".log");
   const std::string address_file = TempPath(name + ".address");
+  // Port 0 everywhere: tests run in parallel, and the default metrics port is one fixed port.
   std::vector<std::string> args = {"serve", "--listen", "127.0.0.1:0", "--address-file",
-                                   address_file, "--set", "server.rank_listen=127.0.0.1:0"};
+                                   address_file, "--set", "server.rank_listen=127.0.0.1:0",
+                                   "--set", "server.metrics_listen=127.0.0.1:0"};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   service.process = Process::Start(args, service.log_path);
   auto lines = WaitForFile(address_file, timeout);

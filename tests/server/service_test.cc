@@ -209,7 +209,8 @@ TEST_F(ServiceTest, HealthReflectionAndModelInfo) {
 TEST_F(ServiceTest, ASecondServiceOnTheSamePortFailsInsteadOfSharingIt) {
   ASSERT_TRUE(service_->has_value());
   auto second = Process::Start({"serve", "--listen", service().address, "--set",
-                                "server.rank_listen=127.0.0.1:0"},
+                                "server.rank_listen=127.0.0.1:0", "--set",
+                                "server.metrics_listen=127.0.0.1:0"},
                                TempPath("second.log"));
   const auto status = second->Wait(milliseconds(20000));
   ASSERT_TRUE(status.has_value()) << "a second service started on " << service().address;
