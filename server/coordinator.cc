@@ -119,7 +119,7 @@ bool Coordinator::serving() const {
 
 int Coordinator::queue_depth() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return waiting_;
+  return static_cast<int>(pending_.size());
 }
 
 bool Coordinator::AllAttachedLocked() const {
