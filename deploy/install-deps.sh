@@ -9,6 +9,8 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libspdlog-dev nlohmann-json3-dev libglpk-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # The fuzz targets (.ci/fuzz): clang with libFuzzer and its sanitizer runtimes.
+  clang libclang-rt-14-dev
   # The Python client and its tests run on Debian's interpreter, /usr/bin/python3.
   python3 python3-grpcio python3-protobuf python3-numpy
 )
