@@ -24,6 +24,8 @@ packages=(
 )
 test_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
+  # The fuzz targets (.ci/fuzz): clang with libFuzzer and its sanitizer runtimes.
+  clang libclang-rt-14-dev
   # The Python client and its tests run on Debian's interpreter, /usr/bin/python3.
   python3 python3-grpcio python3-protobuf python3-numpy python3-venv python3-pip
   # The Go client builds offline against Debian's packaged Go sources (/usr/share/gocode).

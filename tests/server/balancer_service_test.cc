@@ -3,7 +3,6 @@
 // against balancing off, and the outputs stay bit-identical to balancing off. Also the
 // coordinator's refit from observed loads and its calibration of the pass count.
 #include <algorithm>
-#include <regex>
 
 #include <gtest/gtest.h>
 
@@ -157,10 +156,10 @@ TEST(BalancerServiceTest, AutoPassesAreCalibratedOnceAndSentToEveryRank) {
       EXPECT_EQ(passes, static_cast<uint32_t>(BalancePlanner::kCalibrationMaxPasses));
     }
   }
-  std::smatch m;
   const std::string log = relief->process->Log();
-  ASSERT_TRUE(std::regex_search(log, m, std::regex("calibrated I\\* = ([0-9]+) passes"))) << log;
-  EXPECT_EQ(passes, static_cast<uint32_t>(std::stoi(m[1])));
+  const std::optional<long> calibrated = NumberAfter(log, "calibrated I* = ");
+  ASSERT_TRUE(calibrated.has_value()) << log;
+  EXPECT_EQ(passes, static_cast<uint32_t>(*calibrated));
   EXPECT_GE(passes, 1u);
 }
 

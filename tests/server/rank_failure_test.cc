@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <future>
-#include <regex>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -195,9 +194,9 @@ TEST(RankFailureTest, ServeRestartsARankThatDies) {
                       milliseconds(60000));
   ASSERT_TRUE(s.has_value());
   const std::string log = s->process->Log();
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(log, m, std::regex("started rank 1 \\(pid ([0-9]+)\\)"))) << log;
-  const pid_t rank1 = static_cast<pid_t>(std::stol(m[1]));
+  const std::optional<long> pid = NumberAfter(log, "started rank 1 (pid ");
+  ASSERT_TRUE(pid.has_value()) << log;
+  const pid_t rank1 = static_cast<pid_t>(*pid);
   kill(rank1, SIGKILL);
   EXPECT_TRUE(WaitForHealth(s->address, "NOT_SERVING", milliseconds(2000)));
   ASSERT_TRUE(WaitForHealth(s->address, "SERVING", milliseconds(30000))) << s->process->Log();

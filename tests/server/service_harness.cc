@@ -85,6 +85,16 @@ std::string Process::Log() const {
   return s.str();
 }
 
+std::optional<long> NumberAfter(const std::string& text, const std::string& prefix) {
+  const size_t at = text.find(prefix);
+  if (at == std::string::npos) return std::nullopt;
+  const size_t begin = at + prefix.size();
+  size_t end = begin;
+  while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+  if (end == begin) return std::nullopt;
+  return std::stol(text.substr(begin, end - begin));
+}
+
 std::optional<std::vector<std::string>> WaitForFile(const std::string& path,
                                                     milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

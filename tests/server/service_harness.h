@@ -47,6 +47,10 @@ class Process {
 // Waits for a file to appear with content; returns its lines.
 std::optional<std::vector<std::string>> WaitForFile(const std::string& path, milliseconds timeout);
 
+// The decimal number right after the first `prefix` in `text` (a value read from a log line,
+// e.g. "started rank 1 (pid "); nullopt when the prefix is absent or no digit follows it.
+std::optional<long> NumberAfter(const std::string& text, const std::string& prefix);
+
 // "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN", or "UNREACHABLE".
 std::string HealthStatus(const std::string& address, const std::string& service = "");
 bool WaitForHealth(const std::string& address, const std::string& want, milliseconds timeout);
