@@ -55,10 +55,11 @@ type ForwardOptions struct {
 
 // Output is a Forward call's [T, H] output and the server's statistics of the step.
 type Output struct {
-	DType gcmoev1.DType // BF16 or FP32
-	Shape Shape
-	Data  []byte // little-endian elements, row-major
-	Stats *gcmoev1.ForwardStats
+	DType     gcmoev1.DType // BF16 or FP32
+	Shape     Shape
+	Data      []byte // little-endian elements, row-major
+	Stats     *gcmoev1.ForwardStats
+	RequestID string // the request's ForwardOptions.RequestID
 }
 
 // Error is a failed call: the gRPC status code and the server's message.
@@ -142,6 +143,41 @@ func (c *Client) Info(ctx context.Context) (*gcmoev1.ModelInfo, error) {
 // ForwardFloat32 runs one MoE layer on FP32 activations hidden of the given [T, H] shape.
 func (c *Client) ForwardFloat32(ctx context.Context, layer uint32, hidden []float32, shape Shape,
 	routing Routing, opts ForwardOptions) (*Output, error) {
+	h, err := float32Tensor(hidden, shape)
+	if err != nil {
+		return nil, err
+	}
+	return c.forward(ctx, layer, h, shape, routing, opts)
+}
+
+// ForwardBF16 runs one MoE layer on BF16 activations (bit patterns, see Float32ToBF16).
+func (c *Client) ForwardBF16(ctx context.Context, layer uint32, hidden []uint16, shape Shape,
+	routing Routing, opts ForwardOptions) (*Output, error) {
+	h, err := bf16Tensor(hidden, shape)
+	if err != nil {
+		return nil, err
+	}
+	return c.forward(ctx, layer, h, shape, routing, opts)
+}
+
+func (c *Client) forward(ctx context.Context, layer uint32, hidden *gcmoev1.Tensor, shape Shape,
+	routing Routing, opts ForwardOptions) (*Output, error) {
+	request, err := forwardRequest(layer, hidden, shape, routing, opts)
+	if err != nil {
+		return nil, err
+	}
+	response, err := c.stub.Forward(ctx, request)
+	if err != nil {
+		return nil, wrap("Forward", err)
+	}
+	return output("Forward", response)
+}
+
+func tensor(dtype gcmoev1.DType, shape Shape, data []byte) *gcmoev1.Tensor {
+	return &gcmoev1.Tensor{Dtype: dtype, Shape: []int64{int64(shape[0]), int64(shape[1])}, Data: data}
+}
+
+func float32Tensor(hidden []float32, shape Shape) (*gcmoev1.Tensor, error) {
 	if len(hidden) != shape[0]*shape[1] {
 		return nil, fmt.Errorf("gcmoe: hidden: %d values, shape %v needs %d", len(hidden), shape,
 			shape[0]*shape[1])
@@ -150,12 +186,10 @@ func (c *Client) ForwardFloat32(ctx context.Context, layer uint32, hidden []floa
 	for i, v := range hidden {
 		binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(v))
 	}
-	return c.forward(ctx, layer, tensor(gcmoev1.DType_FP32, shape, data), shape, routing, opts)
+	return tensor(gcmoev1.DType_FP32, shape, data), nil
 }
 
-// ForwardBF16 runs one MoE layer on BF16 activations (bit patterns, see Float32ToBF16).
-func (c *Client) ForwardBF16(ctx context.Context, layer uint32, hidden []uint16, shape Shape,
-	routing Routing, opts ForwardOptions) (*Output, error) {
+func bf16Tensor(hidden []uint16, shape Shape) (*gcmoev1.Tensor, error) {
 	if len(hidden) != shape[0]*shape[1] {
 		return nil, fmt.Errorf("gcmoe: hidden: %d values, shape %v needs %d", len(hidden), shape,
 			shape[0]*shape[1])
@@ -164,15 +198,12 @@ func (c *Client) ForwardBF16(ctx context.Context, layer uint32, hidden []uint16,
 	for i, v := range hidden {
 		binary.LittleEndian.PutUint16(data[2*i:], v)
 	}
-	return c.forward(ctx, layer, tensor(gcmoev1.DType_BF16, shape, data), shape, routing, opts)
+	return tensor(gcmoev1.DType_BF16, shape, data), nil
 }
 
-func tensor(dtype gcmoev1.DType, shape Shape, data []byte) *gcmoev1.Tensor {
-	return &gcmoev1.Tensor{Dtype: dtype, Shape: []int64{int64(shape[0]), int64(shape[1])}, Data: data}
-}
-
-func (c *Client) forward(ctx context.Context, layer uint32, hidden *gcmoev1.Tensor, shape Shape,
-	routing Routing, opts ForwardOptions) (*Output, error) {
+// forwardRequest is the ForwardRequest of activations hidden of the given [T, H] shape.
+func forwardRequest(layer uint32, hidden *gcmoev1.Tensor, shape Shape, routing Routing,
+	opts ForwardOptions) (*gcmoev1.ForwardRequest, error) {
 	n := shape[0] * routing.TopK
 	if routing.TopK <= 0 || len(routing.IDs) != n || len(routing.Weights) != n {
 		return nil, fmt.Errorf("gcmoe: routing: %d ids and %d weights, expected [T, k] = [%d, %d]",
@@ -196,19 +227,21 @@ func (c *Client) forward(ctx context.Context, layer uint32, hidden *gcmoev1.Tens
 	if opts.OutputFP32 {
 		request.OutputDtype = gcmoev1.DType_FP32
 	}
-	response, err := c.stub.Forward(ctx, request)
-	if err != nil {
-		return nil, wrap("Forward", err)
-	}
+	return request, nil
+}
+
+// output is the Output of a ForwardResponse that rpc returned.
+func output(rpc string, response *gcmoev1.ForwardResponse) (*Output, error) {
 	out := response.GetOutput()
 	if len(out.GetShape()) != 2 {
-		return nil, fmt.Errorf("gcmoe: Forward: output shape %v, expected [T, H]", out.GetShape())
+		return nil, fmt.Errorf("gcmoe: %s: output shape %v, expected [T, H]", rpc, out.GetShape())
 	}
 	return &Output{
-		DType: out.GetDtype(),
-		Shape: Shape{int(out.GetShape()[0]), int(out.GetShape()[1])},
-		Data:  out.GetData(),
-		Stats: response.GetStats(),
+		DType:     out.GetDtype(),
+		Shape:     Shape{int(out.GetShape()[0]), int(out.GetShape()[1])},
+		Data:      out.GetData(),
+		Stats:     response.GetStats(),
+		RequestID: response.GetRequestId(),
 	}, nil
 }
 

@@ -2,8 +2,8 @@ package gcmoe
 
 // Against a real `gcmoe serve` (the binary named by GCMOE_BINARY, which the project's ctest
 // sets): Info, Forward on FP32 and BF16 activations byte for byte equal to what the C++ client
-// (`gcmoe client forward --input DIR --save FILE`) gets for the same request, typed errors, and
-// context deadlines.
+// (`gcmoe client forward --input DIR --save FILE`) gets for the same request, typed errors,
+// context deadlines, and ForwardStream (stream_test.go).
 
 import (
 	"bytes"
@@ -235,6 +235,7 @@ func TestAgainstARealService(t *testing.T) {
 			t.Fatalf("an expert id out of range: got %v, expected INVALID_ARGUMENT naming topk_ids", err)
 		}
 	})
+	t.Run("ForwardStream", func(t *testing.T) { testForwardStream(t, client, info) })
 	t.Run("context deadline", func(t *testing.T) {
 		expired, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
 		defer cancel()

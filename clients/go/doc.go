@@ -5,6 +5,9 @@
 //	out, err := client.ForwardFloat32(ctx, 0, hidden, gcmoe.Shape{T, H}, routing, gcmoe.ForwardOptions{})
 //	y := out.Float32()
 //
+// Client.ForwardStream opens a Stream: the same Forward calls on one long-lived stream, answered
+// in order, with Send and Recv to pipeline them.
+//
 // Activations go in as FP32 ([]float32) or BF16 bit patterns ([]uint16, see Float32ToBF16);
 // outputs come back as BF16 (the default) or FP32. Every call takes a context: its deadline is
 // the call's deadline on the server. Failed calls return *Error, which keeps the server's status

@@ -1,19 +1,26 @@
 """Integration-test driver of the installed gcmoe Python package (run by python_package_test).
 
     python python_package_check.py forward --addr HOST:PORT --out DIR [--tokens T] [--layer L]
+    python python_package_check.py stream --addr HOST:PORT [--tokens T] [--layer L]
     python python_package_check.py fp8 --input X.npy --out DIR
 
 forward: calls the service through gcmoe.Client and gcmoe.aio.Client with FP32, BF16 and FP8
 activations (FP32 outputs), checks what needs no reference here (version, BF16 outputs, typed
 errors) and saves every input and output as .npy for the C++ test to check against the float64
-reference. fp8: encodes X [N, 32m] with gcmoe.numerics.quantize_fp8 and saves the E4M3 codes and
-UE8M0 scales (as int32) for the C++ test to compare with the server's quantizer.
+reference. stream: sends requests of several sizes, layers and dtypes through the ForwardStream
+of both clients (one at a time, pipelined, from several threads or tasks, with bad requests in
+the middle) and requires every output byte for byte equal to unary Forward's for the same request,
+every bad request its typed error, and the stream to go on after it. fp8: encodes X [N, 32m] with
+gcmoe.numerics.quantize_fp8 and saves the E4M3 codes and UE8M0 scales (as int32) for the C++ test
+to compare with the server's quantizer.
 """
 import argparse
 import asyncio
 import os
 import sys
+import threading
 
+import grpc
 import numpy as np
 
 import gcmoe
@@ -108,11 +115,196 @@ async def check_async(addr, hidden, ids, weights, layer, out):
             fail("aio: expected NotFoundError for a layer past the model")
 
 
+def stream_cases(info, tokens, layer, seed):
+    """Forward arguments of several requests: sizes, layers, activation and output dtypes."""
+    shapes = [("fp32", "fp32", tokens, layer), ("bf16", "bf16", 1, 0), ("fp8", "fp32", 7, layer),
+              ("fp32", "bf16", tokens, 0), ("bf16", "fp32", 3, layer), ("fp8", "bf16", tokens, 0)]
+    cases = []
+    for i, (dtype, output_dtype, t, l) in enumerate(shapes):
+        hidden, ids, weights = random_inputs(info, t, seed + i)
+        cases.append(dict(hidden=hidden_for(hidden, dtype), topk_ids=ids, topk_weights=weights,
+                          layer=l, output_dtype=output_dtype, request_id=f"case-{i}"))
+    return cases
+
+
+def bad_cases(info, case):
+    """(Forward arguments, expected error type, words its message must hold) of requests the
+    server refuses: a layer past the model, an expert id past the experts."""
+    bad_layer = dict(case, layer=info.layers, request_id="bad-layer")
+    bad_ids = case["topk_ids"].copy()
+    bad_ids[0, 0] = info.experts
+    bad_expert = dict(case, topk_ids=bad_ids, request_id="bad-expert")
+    return [(bad_layer, gcmoe.NotFoundError, "layer"),
+            (bad_expert, gcmoe.InvalidArgumentError, "topk_ids")]
+
+
+def same_bytes(what, got, want):
+    if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
+        fail(f"{what}: the stream's output ({got.dtype} {got.shape}) is not byte for byte unary "
+             f"Forward's ({want.dtype} {want.shape})")
+
+
+def expect_stream_error(what, error, error_type, words):
+    if not isinstance(error, error_type):
+        fail(f"{what}: expected {error_type.__name__}, got {type(error).__name__}: {error}")
+    if words not in error.message or error.rpc != "ForwardStream":
+        fail(f"{what}: {error!r} does not name {words!r} or the ForwardStream")
+
+
+def check_stream_sync(addr, cases, bad, unary):
+    with gcmoe.Client(addr, timeout=30.0) as client, client.forward_stream(timeout=120.0) as stream:
+        # One at a time, with each bad request in the middle: it fails alone.
+        for i, case in enumerate(cases):
+            same_bytes(f"stream.forward case {i}", stream.forward(**case), unary[i])
+            if i < len(bad):
+                request, error_type, words = bad[i]
+                try:
+                    stream.forward(**request)
+                except gcmoe.GcmoeError as error:
+                    expect_stream_error(f"stream.forward {request['request_id']}", error,
+                                        error_type, words)
+                else:
+                    fail(f"stream.forward {request['request_id']}: the bad request succeeded")
+        response = stream.forward_response(**cases[0])
+        if response.request_id != cases[0]["request_id"] or response.stats.engine_ns <= 0:
+            fail(f"stream.forward_response: request_id {response.request_id!r}, engine_ns "
+                 f"{response.stats.engine_ns}")
+
+        # Pipelined: everything sent before the first reply is read, bad requests in between.
+        sequence = [(case, unary[i], None) for i, case in enumerate(cases)]
+        sequence.insert(2, (bad[0][0], None, bad[0][1:]))
+        sequence.insert(4, (bad[1][0], None, bad[1][1:]))
+        for request, _, _ in sequence:
+            stream.send(**request)
+        if stream.pending != len(sequence):
+            fail(f"stream.pending {stream.pending} after {len(sequence)} sends")
+        for n, (request, want, error) in enumerate(sequence):
+            what = f"pipelined {request['request_id']} (reply {n})"
+            try:
+                got = stream.receive()
+            except gcmoe.GcmoeError as raised:
+                if error is None:
+                    fail(f"{what}: {raised}")
+                expect_stream_error(what, raised, *error)
+            else:
+                if error is not None:
+                    fail(f"{what}: the bad request succeeded")
+                same_bytes(what, got, want)
+        try:
+            stream.receive()
+        except RuntimeError:
+            pass
+        else:
+            fail("stream.receive() with nothing sent did not raise RuntimeError")
+
+        # forward() while sent requests wait: each caller still gets its own reply.
+        stream.send(**cases[0])
+        stream.send(**cases[1])
+        same_bytes("forward between sends", stream.forward(**cases[2]), unary[2])
+        same_bytes("receive after forward (1st)", stream.receive(), unary[0])
+        same_bytes("receive after forward (2nd)", stream.receive(), unary[1])
+
+        # Threads sharing the stream.
+        errors = []
+
+        def worker(k):
+            try:
+                for r in range(3):
+                    i = (k + r) % len(cases)
+                    same_bytes(f"thread {k} call {r}", stream.forward(**cases[i]), unary[i])
+            except BaseException as error:  # reported from the main thread
+                errors.append(error)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            fail(f"a thread sharing the stream failed: {errors[0]!r}")
+
+    # Closing with requests in flight cancels them; it neither hangs nor hands out outputs.
+    with gcmoe.Client(addr) as client:
+        stream = client.forward_stream(timeout=60.0)
+        stream.send(**cases[0])
+        stream.send(**cases[1])
+        stream.close()
+        try:
+            stream.receive()
+        except gcmoe.GcmoeError as error:
+            if error.code != grpc.StatusCode.CANCELLED:
+                fail(f"receive() after close(): {error}, expected CANCELLED")
+        else:
+            fail("receive() after close() with requests in flight returned an output")
+
+
+async def check_stream_async(addr, cases, bad, unary):
+    async with gcmoe.aio.Client(addr, timeout=30.0) as client:
+        async with client.forward_stream(timeout=120.0) as stream:
+            for i, case in enumerate(cases):
+                same_bytes(f"aio stream.forward case {i}", await stream.forward(**case), unary[i])
+                if i < len(bad):
+                    request, error_type, words = bad[i]
+                    try:
+                        await stream.forward(**request)
+                    except gcmoe.GcmoeError as error:
+                        expect_stream_error(f"aio stream.forward {request['request_id']}", error,
+                                            error_type, words)
+                    else:
+                        fail(f"aio stream.forward {request['request_id']}: the bad request "
+                             "succeeded")
+
+            # Pipelined, the bad layer in the middle.
+            for case in cases[:2]:
+                stream.send(**case)
+            stream.send(**bad[0][0])
+            for case in cases[2:]:
+                stream.send(**case)
+            for i in range(2):
+                same_bytes(f"aio pipelined case {i}", await stream.receive(), unary[i])
+            try:
+                await stream.receive()
+            except gcmoe.GcmoeError as error:
+                expect_stream_error("aio pipelined bad layer", error, *bad[0][1:])
+            else:
+                fail("aio pipelined bad layer: the bad request succeeded")
+            for i in range(2, len(cases)):
+                same_bytes(f"aio pipelined case {i}", await stream.receive(), unary[i])
+
+            # Tasks sharing the stream.
+            outputs = await asyncio.gather(*(stream.forward(**case) for case in cases * 2))
+            for n, y in enumerate(outputs):
+                same_bytes(f"aio gathered call {n}", y, unary[n % len(cases)])
+
+        stream = client.forward_stream(timeout=60.0)
+        stream.send(**cases[0])
+        await stream.close()
+        try:
+            await stream.receive()
+        except gcmoe.GcmoeError as error:
+            if error.code != grpc.StatusCode.CANCELLED:
+                fail(f"aio receive() after close(): {error}, expected CANCELLED")
+        else:
+            fail("aio receive() after close() with a request in flight returned an output")
+
+
+def stream(args):
+    with gcmoe.Client(args.addr, timeout=30.0) as client:
+        info = client.info()
+        cases = stream_cases(info, args.tokens, args.layer, args.seed)
+        unary = [client.forward(**case) for case in cases]
+    bad = bad_cases(info, cases[0])
+    check_stream_sync(args.addr, cases, bad, unary)
+    asyncio.run(check_stream_async(args.addr, cases, bad, unary))
+    print(f"python_package_check: {len(cases)} requests through the stream, sync and asyncio, "
+          "byte for byte unary Forward's")
+
+
 def check_typing_files():
     """The package ships its .pyi files (hand-written and protoc's) and the py.typed marker."""
     root = os.path.dirname(gcmoe.__file__)
-    for name in ("__init__.pyi", "client.pyi", "aio.pyi", "numerics.pyi", "errors.pyi",
-                 "tensors.pyi", "py.typed", os.path.join("v1", "moe_pb2.pyi")):
+    for name in ("__init__.pyi", "client.pyi", "aio.pyi", "stream.pyi", "numerics.pyi",
+                 "errors.pyi", "tensors.pyi", "py.typed", os.path.join("v1", "moe_pb2.pyi")):
         if not os.path.isfile(os.path.join(root, name)):
             fail(f"the installed package has no {name}")
 
@@ -155,11 +347,16 @@ def main():
     f.add_argument("--tokens", type=int, default=40)
     f.add_argument("--layer", type=int, default=1)
     f.add_argument("--seed", type=int, default=5)
+    s = sub.add_parser("stream")
+    s.add_argument("--addr", required=True)
+    s.add_argument("--tokens", type=int, default=40)
+    s.add_argument("--layer", type=int, default=1)
+    s.add_argument("--seed", type=int, default=11)
     q = sub.add_parser("fp8")
     q.add_argument("--input", required=True)
     q.add_argument("--out", required=True)
     args = parser.parse_args()
-    forward(args) if args.mode == "forward" else fp8(args)
+    {"forward": forward, "stream": stream, "fp8": fp8}[args.mode](args)
 
 
 if __name__ == "__main__":

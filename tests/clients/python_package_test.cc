@@ -1,7 +1,8 @@
 // The gcmoe Python package (clients/python), installed into a fresh virtual environment made
 // from Debian's /usr/bin/python3, against a real `gcmoe serve`: FP32, BF16 and FP8 activations
-// through the blocking and the asyncio client match the float64 references, and the package's
-// FP8 encoder agrees bit for bit with the server's quantizer on every E4M3 code boundary.
+// through the blocking and the asyncio client match the float64 references, ForwardStream through
+// both gives unary Forward's bytes and outlives bad requests, and the package's FP8 encoder agrees
+// bit for bit with the server's quantizer on every E4M3 code boundary.
 #include <sys/wait.h>
 
 #include <cmath>
@@ -119,6 +120,18 @@ TEST_F(PythonPackageTest, SyncAndAsyncForwardMatchTheReferences) {
     EXPECT_LT(numerics::CalcDiff(y.data(), exact->data(), y.size()), 0.02);
     EXPECT_GE(numerics::Cosine(y.data(), exact->data(), y.size()), 0.97);
   }
+}
+
+// The driver sends requests of several sizes, layers and dtypes through the ForwardStream of the
+// blocking and the asyncio client: one at a time, pipelined, and from threads or tasks sharing
+// the stream, with a bad layer and a bad expert id in the middle. It requires every output byte
+// for byte equal to unary Forward's for the same request, each bad request its typed error
+// (NOT_FOUND, INVALID_ARGUMENT) naming the field, and the requests after it answered.
+TEST_F(PythonPackageTest, StreamGivesUnaryBytesAndOutlivesBadRequests) {
+  auto service = StartServe({}, "python_package_stream", milliseconds(60000));
+  ASSERT_TRUE(service.has_value());
+  EXPECT_EQ(Driver("stream --addr " + service->address + " --tokens 40 --layer 1"), 0);
+  EXPECT_EQ(HealthStatus(service->address), "SERVING");
 }
 
 // Every boundary of the E4M3 grid: each finite code, each midpoint between neighbouring codes

@@ -3,6 +3,8 @@
     import gcmoe
     with gcmoe.Client("127.0.0.1:50051") as client:
         y = client.forward(hidden, topk_ids, topk_weights, layer=0, output_dtype="fp32")
+        with client.forward_stream() as stream:      # Forward calls on one long-lived stream
+            y = stream.forward(hidden, topk_ids, topk_weights, layer=1)
 
 gcmoe.aio.Client is the asyncio variant; gcmoe.numerics holds the BF16 and FP8 (E4M3 + UE8M0)
 encoders; gcmoe.v1.moe_pb2 / moe_pb2_grpc are the generated stubs of the API, and the
@@ -13,9 +15,11 @@ from gcmoe import aio, numerics
 from gcmoe.client import Client
 from gcmoe.errors import (DeadlineExceededError, GcmoeError, InvalidArgumentError, NotFoundError,
                           ResourceExhaustedError, UnavailableError)
+from gcmoe.stream import ForwardStream
 from gcmoe.tensors import Fp8Hidden
 
 __all__ = [
-    "__version__", "aio", "numerics", "Client", "Fp8Hidden", "GcmoeError", "InvalidArgumentError",
-    "NotFoundError", "ResourceExhaustedError", "UnavailableError", "DeadlineExceededError",
+    "__version__", "aio", "numerics", "Client", "ForwardStream", "Fp8Hidden", "GcmoeError",
+    "InvalidArgumentError", "NotFoundError", "ResourceExhaustedError", "UnavailableError",
+    "DeadlineExceededError",
 ]

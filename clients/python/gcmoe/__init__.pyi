@@ -7,6 +7,7 @@ from gcmoe.errors import InvalidArgumentError as InvalidArgumentError
 from gcmoe.errors import NotFoundError as NotFoundError
 from gcmoe.errors import ResourceExhaustedError as ResourceExhaustedError
 from gcmoe.errors import UnavailableError as UnavailableError
+from gcmoe.stream import ForwardStream as ForwardStream
 from gcmoe.tensors import Fp8Hidden as Fp8Hidden
 
 __version__: str

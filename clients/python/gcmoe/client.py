@@ -3,6 +3,7 @@ import grpc
 
 from gcmoe import channel as _channel
 from gcmoe import tensors
+from gcmoe.stream import ForwardStream
 from gcmoe.errors import from_rpc_error
 from gcmoe.v1 import moe_pb2, moe_pb2_grpc
 
@@ -13,6 +14,8 @@ class Client:
         with gcmoe.Client("127.0.0.1:50051") as client:
             info = client.info()
             y = client.forward(hidden, topk_ids, topk_weights, layer=0, output_dtype="fp32")
+            with client.forward_stream() as stream:     # one long-lived stream, e.g. per layer
+                y = stream.forward(hidden, topk_ids, topk_weights, layer=0)
 
     tls: False (plaintext), True (TLS with the system's roots) or grpc.ChannelCredentials.
     token: sent as `authorization: Bearer <token>` with every call.
@@ -65,6 +68,15 @@ class Client:
         response = self.forward_response(hidden, topk_ids, topk_weights, layer, output_dtype,
                                          hidden_dtype, request_id, timeout)
         return tensors.decode_output(response.output)
+
+    def forward_stream(self, timeout=None):
+        """Opens a ForwardStream: Forward calls on one stream, answered in order, so a frontend
+        that calls once per layer does not pay call setup each time (see gcmoe.ForwardStream).
+
+        timeout: deadline of the whole stream in seconds (None: none). The client's per-call
+        timeout does not apply, as a stream lives across many calls.
+        """
+        return ForwardStream(self._stub, self._metadata, timeout)
 
     def close(self):
         self._channel.close()

@@ -47,3 +47,13 @@ def from_rpc_error(error, rpc=""):
     """The typed error for a grpc.RpcError (or grpc.aio.AioRpcError)."""
     code = error.code()
     return _BY_CODE.get(code, GcmoeError)(code, error.details() or "", rpc)
+
+
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def from_status(code, message, rpc=""):
+    """The typed error for a status carried in a message (a ForwardStream reply's `code`, an
+    integer gRPC status code, and its `message`)."""
+    status = _STATUS_CODES.get(int(code), grpc.StatusCode.UNKNOWN)
+    return _BY_CODE.get(status, GcmoeError)(status, message, rpc)
