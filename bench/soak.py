@@ -365,7 +365,7 @@ def main():
     from gcmoe.v1 import moe_pb2 as pb, moe_pb2_grpc as pb_grpc
 
     address = f"127.0.0.1:{free_port()}"
-    cmd = [args.gcmoe, "serve", "--listen", address]
+    cmd = [args.gcmoe, "serve", "--listen", address, "--set", "server.metrics_listen="]
     if args.config:
         cmd += ["--config", args.config]
     for s in args.set:

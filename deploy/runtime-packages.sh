@@ -16,6 +16,9 @@ needed_libs=$(readelf -d "$binary" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
 # With merged /usr, the loader's path and the package's may differ by /usr: ask for each form,
 # in one dpkg query (each query reads the whole file database).
 candidates=()
+# The dynamic loader (named NEEDED when a library asks for it, e.g. CUDA's runtime) is glibc's,
+# in every base image: ldd shows it without a path.
+needed_libs=$(printf '%s\n' $needed_libs | grep -v '^ld-linux')
 for needed in $needed_libs; do
   path=${path_of[$needed]:-}
   if [ -z "$path" ]; then

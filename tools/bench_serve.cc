@@ -131,7 +131,8 @@ class ServeChild {
     std::vector<std::string> args = {"gcmoe",          "serve",
                                      "--address-file", address_file,
                                      "--set",          "server.echo=true",
-                                     "--set",          "server.listen=127.0.0.1:0"};
+                                     "--set",          "server.listen=127.0.0.1:0",
+                                     "--set",          "server.metrics_listen=127.0.0.1:0"};
     if (!o.config.empty()) args.insert(args.end(), {"--config", o.config});
     for (const std::string& s : o.overrides) args.insert(args.end(), {"--set", s});
     pid_ = fork();

@@ -42,7 +42,7 @@ func startServe(t *testing.T) *service {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(binary, "serve", "--listen", "127.0.0.1:0", "--address-file", addressFile,
-		"--set", "server.rank_listen=127.0.0.1:0")
+		"--set", "server.rank_listen=127.0.0.1:0", "--set", "server.metrics_listen=")
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s serve: %v", binary, err)

@@ -465,7 +465,8 @@ class Serve:
         self.log_path = os.path.join(workdir, "serve.log")
         self.log = open(self.log_path, "w")
         self.process = subprocess.Popen(
-            [ARGS.gcmoe, "serve", "--config", config_path, "--address-file", self.address_file],
+            [ARGS.gcmoe, "serve", "--config", config_path, "--address-file", self.address_file,
+             "--set", "server.metrics_listen="],
             stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_address(self, timeout_s=60.0):
@@ -473,7 +474,9 @@ class Serve:
         while time.time() < deadline:
             if os.path.exists(self.address_file):
                 with open(self.address_file) as f:
-                    return f.read().strip()
+                    lines = f.read().split()
+                if lines:
+                    return lines[0]
             if self.process.poll() is not None:
                 return None
             time.sleep(0.05)
