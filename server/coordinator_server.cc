@@ -1,5 +1,7 @@
 #include "server/coordinator_server.h"
 
+#include <malloc.h>
+
 #include <functional>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -31,6 +33,12 @@ int64_t MaxMessageBytes(const config::Config& config) {
 Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config::Config& config) {
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->config_ = config;
+  // Every Forward allocates its request and response buffers (MBs at large T) on one of gRPC's
+  // handler threads. With glibc's defaults each thread's arena hands such blocks back to the
+  // kernel when they are freed, and the next call pays a page fault per 4 KiB again: measured as
+  // 1.3-1.6 ms to assemble a 3 MiB response instead of 0.4 ms. Keep freed memory for reuse.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   const int64_t max_bytes = MaxMessageBytes(config);
   if (max_bytes > INT32_MAX) {
     return InvalidArgument("server.max_message_bytes: the largest batch needs " +
