@@ -1,0 +1,365 @@
+// The coordinator's step execution: one step for a batch of calls, from each rank's shard to
+// each caller's response (server/coordinator.h has the protocol; coordinator.cc membership and
+// admission).
+#include <algorithm>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "server/coordinator.h"
+
+namespace gcmoe::server {
+namespace {
+
+namespace internal = gcmoe::internal::v1;
+
+int64_t Nanos(Coordinator::Clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+}
+
+// The bytes of one row of each tensor a shard carries.
+struct RowBytes {
+  size_t hidden = 0;
+  size_t scales = 0;  // FP8 hidden only
+  size_t ids = 0;
+  size_t weights = 0;
+};
+
+RowBytes RowBytesOf(const ValidatedForward& validated, int hidden, int top_k) {
+  RowBytes b;
+  b.hidden = static_cast<size_t>(hidden) * engine::DTypeBytes(validated.hidden_dtype);
+  b.scales = validated.hidden_dtype == engine::DType::kFP8E4M3 ? hidden / 32 : 0;
+  b.ids = static_cast<size_t>(top_k) * sizeof(int32_t);
+  b.weights = static_cast<size_t>(top_k) * sizeof(float);
+  return b;
+}
+
+}  // namespace
+
+void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<Piece>& pieces,
+                             RankIo* io, int io_slot, internal::Step* step) {
+  const ValidatedForward& v = *calls.front()->validated;
+  const gcmoe::v1::ForwardRequest& first = *calls.front()->request;
+  const int H = static_cast<int>(first.hidden().shape(1));
+  const int k = static_cast<int>(first.topk_ids().shape(1));
+  const RowBytes rb = RowBytesOf(v, H, k);
+  int64_t rows = 0;
+  for (const Piece& p : pieces) rows = std::max(rows, p.shard_row + p.rows);
+  const bool fp8 = rb.scales > 0;
+  // Tensors carry dtype and shape; their bytes go to the RankIo slot when there is one.
+  auto describe = [rows](gcmoe::v1::Tensor* t, gcmoe::v1::DType dtype, int64_t cols) {
+    t->set_dtype(dtype);
+    t->add_shape(rows);
+    t->add_shape(cols);
+  };
+  describe(step->mutable_hidden(), first.hidden().dtype(), H);
+  if (fp8) describe(step->mutable_hidden_scales(), gcmoe::v1::UE8M0, H / 32);
+  describe(step->mutable_topk_ids(), gcmoe::v1::INT32, k);
+  describe(step->mutable_topk_weights(), gcmoe::v1::FP32, k);
+  uint8_t* dst_hidden;
+  uint8_t* dst_scales = nullptr;
+  uint8_t* dst_ids;
+  uint8_t* dst_weights;
+  if (io != nullptr) {
+    step->set_io(true);
+    step->set_io_slot(static_cast<uint32_t>(io_slot));
+    dst_hidden = io->hidden(io_slot);
+    dst_scales = io->scales(io_slot);
+    dst_ids = io->ids(io_slot);
+    dst_weights = io->weights(io_slot);
+  } else {
+    auto sized = [rows](gcmoe::v1::Tensor* t, size_t row_bytes) {
+      std::string* data = t->mutable_data();
+      data->resize(static_cast<size_t>(rows) * row_bytes);
+      return reinterpret_cast<uint8_t*>(data->data());
+    };
+    dst_hidden = sized(step->mutable_hidden(), rb.hidden);
+    if (fp8) dst_scales = sized(step->mutable_hidden_scales(), rb.scales);
+    dst_ids = sized(step->mutable_topk_ids(), rb.ids);
+    dst_weights = sized(step->mutable_topk_weights(), rb.weights);
+  }
+  for (const Piece& p : pieces) {
+    const gcmoe::v1::ForwardRequest& r = *calls[p.call]->request;
+    auto copy = [&p](uint8_t* dst, const std::string& src, size_t row_bytes) {
+      std::memcpy(dst + p.shard_row * row_bytes, src.data() + p.call_row * row_bytes,
+                  p.rows * row_bytes);
+    };
+    copy(dst_hidden, r.hidden().data(), rb.hidden);
+    if (fp8) copy(dst_scales, r.hidden_scales().data(), rb.scales);
+    copy(dst_ids, r.topk_ids().data(), rb.ids);
+    copy(dst_weights, r.topk_weights().data(), rb.weights);
+  }
+}
+
+Status Coordinator::AssembleOutputs(const std::vector<Call*>& calls,
+                                    const std::vector<std::vector<Piece>>& pieces,
+                                    const std::vector<std::shared_ptr<RankIo>>& ios, int io_slot,
+                                    const std::vector<internal::StepResult>& results,
+                                    uint64_t generation) {
+  const bool fp32 = calls.front()->validated->output_fp32;
+  const size_t row_bytes = static_cast<size_t>(options_.hidden) * (fp32 ? 4 : 2);
+  std::vector<uint8_t*> outputs(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    gcmoe::v1::Tensor* output = calls[i]->response->mutable_output();
+    output->set_dtype(fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
+    output->add_shape(calls[i]->validated->num_tokens);
+    output->add_shape(options_.hidden);
+    std::string* data = output->mutable_data();
+    data->resize(static_cast<size_t>(calls[i]->validated->num_tokens) * row_bytes);
+    outputs[i] = reinterpret_cast<uint8_t*>(data->data());
+  }
+  for (size_t r = 0; r < pieces.size(); ++r) {
+    const uint8_t* src;
+    if (ios[r]) {
+      src = ios[r]->output(io_slot);
+    } else {
+      int64_t rows = 0;
+      for (const Piece& p : pieces[r]) rows += p.rows;
+      const std::string& data = results[r].output().data();
+      if (data.size() != static_cast<size_t>(rows) * row_bytes) {
+        return Internal("step " + std::to_string(generation) + ": rank " + std::to_string(r) +
+                        " returned " + std::to_string(data.size()) + " output bytes, expected " +
+                        std::to_string(rows * row_bytes));
+      }
+      src = reinterpret_cast<const uint8_t*>(data.data());
+    }
+    for (const Piece& p : pieces[r]) {
+      std::memcpy(outputs[p.call] + p.call_row * row_bytes, src + p.shard_row * row_bytes,
+                  p.rows * row_bytes);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Coordinator::RunStep(const std::vector<Call*>& calls) {
+  const int P = options_.world_size;
+  const int E = options_.experts;
+  const auto step_start = Clock::now();
+  // The step's tokens are the calls' tokens in order, split into P contiguous shards.
+  int total = 0;
+  for (const Call* c : calls) total += c->validated->num_tokens;
+  const std::vector<int> tokens_per_rank =
+      calls.size() == 1 ? calls.front()->validated->tokens_per_rank : ShardSizes(total, P);
+  std::vector<std::vector<Piece>> pieces(P);
+  {
+    int r = 0;
+    int64_t shard_begin = 0;
+    int64_t global = 0;
+    for (int i = 0; i < static_cast<int>(calls.size()); ++i) {
+      const int64_t n = calls[i]->validated->num_tokens;
+      int64_t row = 0;
+      while (row < n) {
+        while (global >= shard_begin + tokens_per_rank[r]) shard_begin += tokens_per_rank[r++];
+        const int64_t take = std::min(n - row, shard_begin + tokens_per_rank[r] - global);
+        pieces[r].push_back(Piece{i, row, global - shard_begin, take});
+        row += take;
+        global += take;
+      }
+    }
+  }
+  // C[src][expert] of the merged step (a call alone brings its own from validation).
+  std::vector<int64_t> merged_counts;
+  if (calls.size() > 1) {
+    merged_counts.assign(static_cast<size_t>(P) * E, 0);
+    for (int r = 0; r < P; ++r) {
+      for (const Piece& p : pieces[r]) {
+        const gcmoe::v1::Tensor& ids = calls[p.call]->request->topk_ids();
+        const int k = static_cast<int>(ids.shape(1));
+        const auto* data = reinterpret_cast<const int32_t*>(ids.data().data());
+        for (int64_t t = p.call_row; t < p.call_row + p.rows; ++t) {
+          for (int j = 0; j < k; ++j) {
+            int32_t e;
+            std::memcpy(&e, data + t * k + j, sizeof(e));
+            if (e >= 0) ++merged_counts[static_cast<size_t>(r) * E + e];
+          }
+        }
+      }
+    }
+  }
+  const std::vector<int64_t>& counts =
+      calls.size() == 1 ? calls.front()->validated->counts : merged_counts;
+
+  std::vector<std::shared_ptr<RankSession>> sessions(P);
+  std::vector<std::shared_ptr<RankIo>> ios(P);
+  uint64_t generation;
+  uint64_t epoch;
+  int passes;
+  uint64_t placement_version;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    generation = ++generation_;
+    epoch = epoch_;
+    passes = planner_->passes();
+    placement_version = planner_->placement_version();
+    in_flight_ = InFlight{};
+    in_flight_.generation = generation;
+    in_flight_.active = true;
+    in_flight_.reported.assign(P, false);
+    in_flight_.pending = P;
+    in_flight_.results.resize(P);
+    in_flight_.arrived_ns.assign(P, 0);
+    for (int r = 0; r < P; ++r) {
+      sessions[r] = slots_[r].session;
+      ios[r] = slots_[r].io;
+    }
+  }
+  const int io_slot = static_cast<int>(generation % RankIo::kSlots);
+  const gcmoe::v1::ForwardRequest& first = *calls.front()->request;
+  const bool output_fp32 = calls.front()->validated->output_fp32;
+  for (int r = 0; r < P; ++r) {
+    internal::CoordinatorMessage message;
+    internal::Step* step = message.mutable_step();
+    step->set_generation(generation);
+    step->set_epoch(epoch);
+    step->set_layer(first.layer());
+    WriteShard(calls, pieces[r], ios[r].get(), io_slot, step);
+    step->set_output_dtype(output_fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
+    for (int t : tokens_per_rank) step->add_tokens_per_rank(static_cast<uint32_t>(t));
+    step->mutable_counts()->Assign(counts.begin(), counts.end());
+    step->set_request_id(first.request_id());
+    step->set_relief_passes(static_cast<uint32_t>(passes));
+    step->set_placement_version(placement_version);
+    // A rank with a region gets the step through its doorbell, else on its control stream.
+    const bool posted =
+        sessions[r] && ios[r] && ios[r]->Post(RankIo::kToRank, message.step().SerializeAsString());
+    if (!posted && (!sessions[r] || !sessions[r]->Send(message))) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!in_flight_.reported[r]) {
+        in_flight_.reported[r] = true;
+        --in_flight_.pending;
+      }
+      FailInFlightLocked(Unavailable("rank " + std::to_string(r) + "'s control stream is closed"));
+    }
+  }
+  const int64_t sent_ns = Nanos(step_start.time_since_epoch());
+
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto step_deadline = Clock::now() + std::chrono::milliseconds(options_.step_timeout_ms);
+  cv_.wait_until(lock, step_deadline,
+                 [this] { return in_flight_.pending == 0 || in_flight_.failed; });
+  if (!in_flight_.failed && in_flight_.pending > 0) {
+    std::string missing;
+    for (int r = 0; r < P; ++r) {
+      if (!in_flight_.reported[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    FailInFlightLocked(Unavailable("step " + std::to_string(generation) + ": rank(s) " + missing +
+                                   " did not answer within " +
+                                   std::to_string(options_.step_timeout_ms) + " ms"));
+  }
+  if (in_flight_.failed) {
+    const Status failure = in_flight_.failure;
+    // The step is over for the callers; the ranks still in it are told to give up, and the
+    // bookkeeping (a new epoch) finishes once they have all reported or been cut off.
+    abort_deadline_ = Clock::now() + std::chrono::milliseconds(options_.exchange_timeout_ms + 2000);
+    SetServingLocked(false);
+    std::vector<std::shared_ptr<RankSession>> survivors;
+    for (int r = 0; r < P; ++r) {
+      if (!in_flight_.reported[r] && sessions[r]) survivors.push_back(sessions[r]);
+    }
+    Outbox outbox;
+    MaybeFinishFailedStepLocked(&outbox);
+    lock.unlock();
+    spdlog::warn("step {} ({} call(s)) failed: {}", generation, calls.size(), failure.ToString());
+    internal::CoordinatorMessage abort;
+    abort.mutable_abort()->set_generation(generation);
+    abort.mutable_abort()->set_reason(failure.message());
+    for (const auto& s : survivors) s->Send(abort);
+    Deliver(&outbox);
+    NotifyServing();
+    // A rank that died is an availability problem for the caller, whatever the survivors said.
+    if (failure.code() == StatusCode::kAborted) return Unavailable(failure.message());
+    return failure;
+  }
+
+  // Success: each call's output from the ranks' shards, and the stats.
+  const std::vector<internal::StepResult> results = std::move(in_flight_.results);
+  const std::vector<int64_t> arrived_ns = std::move(in_flight_.arrived_ns);
+  in_flight_.active = false;
+  int64_t slowest_ns = 0;
+  for (const internal::StepResult& r : results) slowest_ns = std::max(slowest_ns, r.engine_ns());
+  std::vector<int64_t> expert_tokens(E, 0);
+  for (size_t i = 0; i < counts.size(); ++i) expert_tokens[i % E] += counts[i];
+  Outbox outbox;
+  if (planner_->Observe(expert_tokens, slowest_ns)) {
+    // The ranks load the new placement's weights in a new epoch; calls wait meanwhile.
+    reconfiguring_ = true;
+    serving_ = false;
+    MaybeStartEpochLocked(&outbox);
+  }
+  lock.unlock();
+  Deliver(&outbox);
+
+  for (int r = 1; r < P; ++r) {
+    if (results[r].load_after().size() != results[0].load_after().size() ||
+        !std::equal(results[r].load_after().begin(), results[r].load_after().end(),
+                    results[0].load_after().begin())) {
+      spdlog::error("step {}: rank {} computed another split than rank 0", generation, r);
+      return Internal("step " + std::to_string(generation) + ": ranks disagree on the split");
+    }
+  }
+  const auto assemble_start = Clock::now();
+  GCMOE_RETURN_IF_ERROR(AssembleOutputs(calls, pieces, ios, io_slot, results, generation));
+  const auto assembled = Clock::now();
+
+  // Stages: the per-rank ones are the largest over ranks. The ranks' stamps share this host's
+  // monotonic clock only when they run here; for others the transfer stages stay 0.
+  gcmoe::v1::ForwardStats step_stats;
+  int64_t engine_ns = 0;
+  for (int r = 0; r < P; ++r) {
+    const internal::StepResult& result = results[r];
+    engine_ns = std::max(engine_ns, result.engine_ns());
+    step_stats.set_host_ns(std::max(step_stats.host_ns(), result.host_ns()));
+    step_stats.set_h2d_ns(std::max(step_stats.h2d_ns(), result.h2d_ns()));
+    step_stats.set_device_ns(std::max(step_stats.device_ns(), result.device_ns()));
+    step_stats.set_d2h_ns(std::max(step_stats.d2h_ns(), result.d2h_ns()));
+    if (sessions[r] && sessions[r]->hello().host() == host_) {
+      step_stats.set_to_ranks_ns(
+          std::max(step_stats.to_ranks_ns(), result.received_ns() - sent_ns));
+      step_stats.set_from_ranks_ns(
+          std::max(step_stats.from_ranks_ns(), arrived_ns[r] - result.replied_ns()));
+    }
+    gcmoe::v1::RankStepStats* rank = step_stats.add_ranks();
+    rank->set_rank(r);
+    rank->set_tokens(tokens_per_rank[r]);
+    rank->set_assignments_computed(result.assignments_computed());
+    rank->set_engine_ns(result.engine_ns());
+    rank->set_host_ns(result.host_ns());
+    rank->set_h2d_ns(result.h2d_ns());
+    rank->set_device_ns(result.device_ns());
+    rank->set_d2h_ns(result.d2h_ns());
+  }
+  const internal::StepResult& r0 = results[0];
+  step_stats.mutable_load_before()->Assign(r0.load_before().begin(), r0.load_before().end());
+  step_stats.mutable_load_after()->Assign(r0.load_after().begin(), r0.load_after().end());
+  step_stats.set_relief_passes(r0.relief_passes());
+  step_stats.set_relief_solve_ns(r0.relief_solve_ns());
+  step_stats.set_engine_ns(engine_ns);
+  step_stats.set_balancer_enabled(options_.balancer_enabled);
+  step_stats.set_assemble_ns(Nanos(assembled - assemble_start));
+  step_stats.set_batched_calls(static_cast<uint32_t>(calls.size()));
+  step_stats.set_shared_memory_io(
+      std::all_of(ios.begin(), ios.end(), [](const auto& io) { return io != nullptr; }));
+
+  StepRecord record;
+  record.engine_ns = engine_ns;
+  record.load_before.assign(r0.load_before().begin(), r0.load_before().end());
+  record.load_after.assign(r0.load_after().begin(), r0.load_after().end());
+  record.passes = static_cast<int>(r0.relief_passes());
+  record.solve_ns = r0.relief_solve_ns();
+  for (const internal::StepResult& result : results) {
+    record.rank_engine_ns.push_back(result.engine_ns());
+  }
+  const auto end = Clock::now();
+  for (Call* call : calls) {
+    gcmoe::v1::ForwardStats* stats = call->response->mutable_stats();
+    *stats = step_stats;
+    stats->set_queue_ns(Nanos(step_start - call->arrived));
+    stats->set_total_ns(Nanos(end - call->arrived));
+    record.total_ns = stats->total_ns();
+    record.tokens = call->validated->num_tokens;
+    stats_->RecordSuccess(record);
+  }
+  return Status::Ok();
+}
+
+}  // namespace gcmoe::server
