@@ -112,6 +112,8 @@ ordered_json LoggingJson(const LoggingConfig& l) {
   j["level"] = l.level;
   j["format"] = l.format;
   j["file"] = l.file;
+  j["failure_interval_ms"] = l.failure_interval_ms;
+  j["failures_per_interval"] = l.failures_per_interval;
   return j;
 }
 

@@ -94,9 +94,13 @@ struct ServerConfig {
 };
 
 struct LoggingConfig {
-  std::string level = "info";       // logging.level: trace|debug|info|warn|error
-  std::string format = "text";      // logging.format: "text" | "json"
-  std::string file;                 // logging.file: empty = stderr
+  std::string level = "info";   // logging.level: trace|debug|info|warn|error
+  std::string format = "text";  // logging.format: "text" | "json"
+  std::string file;             // logging.file: empty = stderr
+  // Failed calls are logged one line each up to failures_per_interval per interval; the rest of
+  // an interval's failures become one summary line with their counts by status code.
+  int failure_interval_ms = 1000;  // logging.failure_interval_ms
+  int failures_per_interval = 10;  // logging.failures_per_interval (0 = summaries only)
 };
 
 struct Config {

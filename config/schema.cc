@@ -166,6 +166,12 @@ void ReadLogging(ObjectReader r, LoggingConfig* l) {
   r.OneOf("level", {"trace", "debug", "info", "warn", "error"}, &l->level);
   r.OneOf("format", {"text", "json"}, &l->format);
   r.String("file", "a file path or \"\" (stderr)", {}, &l->file);
+  r.Int("failure_interval_ms",
+        {.min = 100, .max = 3600000, .expected = "an integer in 100..3600000 (milliseconds)"},
+        &l->failure_interval_ms);
+  r.Int("failures_per_interval",
+        {.min = 0, .max = 100000, .expected = "an integer in 0..100000 (0 = summaries only)"},
+        &l->failures_per_interval);
   r.Finish();
 }
 
