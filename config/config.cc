@@ -104,6 +104,7 @@ ordered_json ServerJson(const ServerConfig& s) {
   j["max_queue"] = s.max_queue;
   j["startup_timeout_ms"] = s.startup_timeout_ms;
   j["step_timeout_ms"] = s.step_timeout_ms;
+  j["rank_secret_file"] = s.rank_secret_file;
   return j;
 }
 

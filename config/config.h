@@ -91,6 +91,11 @@ struct ServerConfig {
   int max_queue = 64;               // server.max_queue: Forward calls waiting for the engine
   int startup_timeout_ms = 120000;  // server.startup_timeout_ms: ranks must be ready by then
   int step_timeout_ms = 60000;      // server.step_timeout_ms: a step unanswered by then fails
+  // server.rank_secret_file: the attach secret a rank proves it holds before the coordinator
+  // looks at anything else it says; a file only its owner may read or write. Empty: `gcmoe serve`
+  // creates one for its own ranks in a private directory; `coordinator` and `rank` refuse to
+  // start without one.
+  std::string rank_secret_file;
 };
 
 struct LoggingConfig {

@@ -159,6 +159,8 @@ void ReadServer(ObjectReader r, ServerConfig* s) {
   r.Int("max_queue", kPositive, &s->max_queue);
   r.Int("startup_timeout_ms", kPositiveMs, &s->startup_timeout_ms);
   r.Int("step_timeout_ms", kPositiveMs, &s->step_timeout_ms);
+  r.String("rank_secret_file", "a file path or \"\" (gcmoe serve: one it creates)", {},
+           &s->rank_secret_file);
   r.Finish();
 }
 

@@ -8,6 +8,8 @@ packages=(
   # gRPC's CMake config needs these four together.
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libspdlog-dev nlohmann-json3-dev libglpk-dev
+  # HMAC-SHA256 for the rank attach proof.
+  libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # The Python client and its tests run on Debian's interpreter, /usr/bin/python3.
   python3 python3-grpcio python3-protobuf python3-numpy

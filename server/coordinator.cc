@@ -123,8 +123,7 @@ void Coordinator::MaybeStartEpochLocked(Outbox* outbox) {
   spdlog::info("epoch {}: connecting {} rank(s)", epoch_, options_.world_size);
 }
 
-Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
-  const internal::Hello& hello = session->hello();
+Status Coordinator::CheckHello(const internal::Hello& hello) const {
   if (hello.world_size() != static_cast<uint32_t>(options_.world_size)) {
     return FailedPrecondition("rank " + std::to_string(hello.rank()) + " was started for " +
                               std::to_string(hello.world_size()) +
@@ -135,28 +134,29 @@ Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
     return FailedPrecondition("rank " + std::to_string(hello.rank()) + " is out of range 0.." +
                               std::to_string(options_.world_size - 1));
   }
+  // The message goes back to the rank: it names neither digest (the rank logs its own).
   if (hello.config_digest() != options_.config_digest) {
-    return FailedPrecondition("rank " + std::to_string(hello.rank()) + "'s configuration (" +
-                              hello.config_digest() + ") differs from the coordinator's (" +
-                              options_.config_digest +
-                              "): model, parallel, engine and balancer sections must match");
+    return FailedPrecondition("rank " + std::to_string(hello.rank()) +
+                              "'s configuration differs from the coordinator's: model, "
+                              "parallel, engine and balancer sections must match");
   }
+  return Status::Ok();
+}
+
+Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
+  GCMOE_RETURN_IF_ERROR(CheckHello(session->hello()));
   Outbox outbox;
-  std::shared_ptr<RankSession> replaced;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_) return Unavailable("the coordinator is shutting down");
     Slot& slot = slots_[session->rank()];
     if (slot.session) {
-      // The process this replaces may be gone without its stream having noticed yet.
-      replaced = slot.session;
-      spdlog::warn("{} replaces {}", session->Describe(), replaced->Describe());
-      if (in_flight_.active && !in_flight_.reported[session->rank()]) {
-        in_flight_.reported[session->rank()] = true;
-        --in_flight_.pending;
-        FailInFlightLocked(Unavailable(replaced->Describe() + " was replaced during step " +
-                                       std::to_string(in_flight_.generation)));
-      }
+      // A live session is never replaced: a Hello alone proves nothing about the process that
+      // holds the slot. A restarted rank gets in once its predecessor's stream has ended (at
+      // once when that process died; keepalive finds a vanished host).
+      return Unavailable("rank " + std::to_string(session->rank()) + " is attached already (" +
+                         slot.session->Describe() +
+                         "); a new process is admitted once that one's stream has closed");
     }
     slot.session = session;
     slot.ready = false;
@@ -169,7 +169,6 @@ Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
     MaybeStartEpochLocked(&outbox);
   }
   cv_.notify_all();
-  if (replaced) replaced->Cancel();
   Deliver(&outbox);
   NotifyServing();
   return Status::Ok();
@@ -193,7 +192,7 @@ void Coordinator::OnMessage(const std::shared_ptr<RankSession>& session,
   const int r = session->rank();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (slots_[r].session != session) return;  // a replaced session's late words
+    if (slots_[r].session != session) return;  // not (or no longer) the attached session
     if (message.has_ready()) {
       const internal::Ready& ready = message.ready();
       if (ready.epoch() != epoch_) return;
@@ -360,7 +359,7 @@ Status Coordinator::RunStep(const gcmoe::v1::ForwardRequest& request,
     step->set_output_dtype(validated.output_fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
     for (int t : validated.tokens_per_rank) step->add_tokens_per_rank(static_cast<uint32_t>(t));
     for (int64_t c : validated.counts) step->add_counts(c);
-    step->set_request_id(request.request_id());
+    step->set_request_id(validated.request_id);
     step->set_relief_passes(static_cast<uint32_t>(passes));
     step->set_placement_version(placement_version);
     begin += rows;

@@ -10,7 +10,9 @@
 
 #include "common/status.h"
 #include "config/config.h"
+#include "server/attach_secret.h"
 #include "server/coordinator.h"
+#include "server/failure_log.h"
 #include "server/moe_service.h"
 #include "server/rank_control_service.h"
 #include "server/service_stats.h"
@@ -39,6 +41,7 @@ class CoordinatorServer {
 
   config::Config config_;
   std::unique_ptr<ServiceStats> stats_;
+  std::unique_ptr<FailureLog> failure_log_;  // Forward failures and refused attaches
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<MoeServiceImpl> moe_service_;
   std::unique_ptr<RankControlService> rank_service_;

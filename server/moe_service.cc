@@ -1,19 +1,24 @@
 #include "server/moe_service.h"
 
 #include <chrono>
+#include <optional>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
 #include "server/grpc_status.h"
+#include "server/request_id.h"
 
 namespace gcmoe::server {
 
 MoeServiceImpl::MoeServiceImpl(const config::Config& config, int64_t max_message_bytes,
-                               Coordinator* coordinator, ServiceStats* stats)
+                               Coordinator* coordinator, ServiceStats* stats,
+                               FailureLog* failure_log)
     : config_(config),
       max_message_bytes_(max_message_bytes),
       coordinator_(coordinator),
-      stats_(stats) {
+      stats_(stats),
+      failure_log_(failure_log) {
   limits_.hidden = config.model.hidden;
   limits_.experts = config.model.experts;
   limits_.top_k = config.model.top_k;
@@ -22,11 +27,29 @@ MoeServiceImpl::MoeServiceImpl(const config::Config& config, int64_t max_message
   limits_.world_size = config.parallel.ranks;
 }
 
+namespace {
+
+std::optional<std::string_view> RequestIdHeader(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  const auto found = metadata.find(kRequestIdHeader);
+  if (found == metadata.end()) return std::nullopt;
+  return std::string_view(found->second.data(), found->second.size());
+}
+
+}  // namespace
+
 grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
                                      const gcmoe::v1::ForwardRequest* request,
                                      gcmoe::v1::ForwardResponse* response) {
   ValidatedForward validated;
-  Status status = ValidateForward(*request, limits_, &validated);
+  Result<std::string> request_id =
+      ResolveRequestId(request->request_id(), RequestIdHeader(*context));
+  Status status = request_id.status();
+  if (status.ok()) {
+    validated.request_id = *request_id;
+    context->AddInitialMetadata(kRequestIdHeader, RequestIdHeaderValue(validated.request_id));
+    status = ValidateForward(*request, limits_, &validated);
+  }
   if (status.ok()) {
     // The client's deadline, or the configured default when it set none.
     using Clock = Coordinator::Clock;
@@ -37,21 +60,30 @@ grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
       deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     client_deadline - std::chrono::system_clock::now());
     }
-    status = coordinator_->Forward(*request, validated, deadline,
-                                   [context] { return context->IsCancelled(); }, response);
+    status = coordinator_->Forward(
+        *request, validated, deadline, [context] { return context->IsCancelled(); }, response);
+    // An overflowed layer is an error, never an OK carrying Inf or NaN (DESIGN.md §4).
+    if (status.ok()) status = ValidateForwardOutput(response->output());
   }
   if (!status.ok()) {
     stats_->RecordFailure(StatusCodeName(status.code()));
-    if (status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound) {
-      spdlog::debug("Forward {} rejected: {}", request->request_id(), status.ToString());
-    } else {
-      spdlog::warn("Forward {} failed: {}", request->request_id(), status.ToString());
+    // Bad input is the caller's business (debug); anything else is the service's (warn).
+    const bool bad_input =
+        status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound;
+    std::string id = validated.request_id;
+    if (!request_id.ok()) {
+      // Too long to log whole: its head and its length.
+      id = RefusedIdPrefix(!request->request_id().empty()
+                               ? std::string_view(request->request_id())
+                               : RequestIdHeader(*context).value_or(std::string_view()));
     }
+    failure_log_->Record(status.code(), bad_input ? spdlog::level::debug : spdlog::level::warn,
+                         "Forward \"" + id + "\" failed: " + status.ToString());
     response->Clear();
     return ToGrpcStatus(status);
   }
-  response->set_request_id(request->request_id());
-  spdlog::debug("Forward {}: {} tokens in {} us (engine {} us)", request->request_id(),
+  response->set_request_id(validated.request_id);
+  spdlog::debug("Forward \"{}\": {} tokens in {} us (engine {} us)", validated.request_id,
                 validated.num_tokens, response->stats().total_ns() / 1000,
                 response->stats().engine_ns() / 1000);
   return grpc::Status::OK;

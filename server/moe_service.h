@@ -4,6 +4,7 @@
 #include "config/config.h"
 #include "gcmoe/v1/moe.grpc.pb.h"
 #include "server/coordinator.h"
+#include "server/failure_log.h"
 #include "server/forward_validation.h"
 #include "server/service_stats.h"
 
@@ -11,8 +12,9 @@ namespace gcmoe::server {
 
 class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
  public:
-  MoeServiceImpl(const config::Config& config, int64_t max_message_bytes,
-                 Coordinator* coordinator, ServiceStats* stats);
+  // failure_log: where failed calls are logged, rate-limited (shared with the rank gate).
+  MoeServiceImpl(const config::Config& config, int64_t max_message_bytes, Coordinator* coordinator,
+                 ServiceStats* stats, FailureLog* failure_log);
 
   grpc::Status Forward(grpc::ServerContext* context, const gcmoe::v1::ForwardRequest* request,
                        gcmoe::v1::ForwardResponse* response) override;
@@ -28,6 +30,7 @@ class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
   ForwardLimits limits_;
   Coordinator* coordinator_;
   ServiceStats* stats_;
+  FailureLog* failure_log_;
 };
 
 }  // namespace gcmoe::server
