@@ -96,8 +96,13 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
   {
     grpc::ServerBuilder builder;
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-    builder.AddListeningPort(config.server.listen, grpc::InsecureServerCredentials(),
-                             &public_port);
+    builder.AddListeningPort(config.server.listen, grpc::InsecureServerCredentials(), &public_port);
+    // gRPC grants a stream the window its message header asks for and checks the size only once
+    // the whole message is in: the quota is what refuses oversize calls while they stream in
+    // (RESOURCE_EXHAUSTED) and bounds what concurrent ones hold, at twice the message limit.
+    grpc::ResourceQuota quota("gcmoe-public-api");
+    quota.Resize(static_cast<size_t>(2 * max_bytes));
+    builder.SetResourceQuota(quota);
     builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
     builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
     builder.RegisterService(server->moe_service_.get());
