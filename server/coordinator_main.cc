@@ -61,7 +61,7 @@ int RunCoordinatorCommand(int argc, char** argv) {
   std::mutex mu;
   std::condition_variable cv;
   bool stop = false;
-  WatchTerminationSignals([&](int signo) {
+  TerminationSignalWatcher watcher([&](int signo) {
     spdlog::info("coordinator: signal {} received, shutting down", signo);
     std::lock_guard<std::mutex> lock(mu);
     stop = true;

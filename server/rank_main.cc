@@ -67,7 +67,8 @@ int RunRankCommand(int argc, char** argv) {
     return 1;
   }
   RankProcess* p = process->get();
-  WatchTerminationSignals([p, rank](int signo) {
+  // Declared after the process, so it is stopped and joined before the process is destroyed.
+  TerminationSignalWatcher watcher([p, rank](int signo) {
     spdlog::info("rank {}: signal {} received, stopping", rank, signo);
     p->Stop();
   });

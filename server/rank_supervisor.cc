@@ -76,6 +76,11 @@ pid_t RankSupervisor::pid(int rank) const {
   return children_[rank].pid;
 }
 
+void RankSupervisor::StopRestarts() {
+  std::lock_guard<std::mutex> lock(mu_);
+  restarts_stopped_ = true;
+}
+
 void RankSupervisor::ReapLoop() {
   for (;;) {
     {
@@ -88,6 +93,12 @@ void RankSupervisor::ReapLoop() {
           const pid_t done = waitpid(child.pid, &status, WNOHANG);
           if (done != child.pid) continue;
           child.pid = -1;
+          if (restarts_stopped_) {
+            spdlog::info("rank {} stopped ({})", r,
+                         WIFSIGNALED(status) ? std::string("signal ") + strsignal(WTERMSIG(status))
+                                             : "exit code " + std::to_string(WEXITSTATUS(status)));
+            continue;
+          }
           if (WIFSIGNALED(status)) {
             spdlog::error("rank {} was killed by signal {} ({})", r, WTERMSIG(status),
                           strsignal(WTERMSIG(status)));
@@ -106,7 +117,8 @@ void RankSupervisor::ReapLoop() {
           }
           if (!restart_ || !fatal_.ok()) continue;
           child.restart_at = std::chrono::steady_clock::now() + backoff_;
-        } else if (restart_ && fatal_.ok() && child.restart_at.time_since_epoch().count() != 0 &&
+        } else if (restart_ && !restarts_stopped_ && fatal_.ok() &&
+                   child.restart_at.time_since_epoch().count() != 0 &&
                    std::chrono::steady_clock::now() >= child.restart_at) {
           child.restart_at = {};
           if (Status s = Spawn(r); !s.ok()) spdlog::error("restarting rank {}: {}", r, s.message());

@@ -25,6 +25,8 @@ class RankSupervisor {
   // restarting it would fail the same way, so serve stops instead. Ok while none has.
   Status fatal() const;
   pid_t pid(int rank) const;
+  // From now on a rank that exits stays down (the service is shutting down).
+  void StopRestarts();
   // SIGTERM to every child, SIGKILL to those still alive after `grace`.
   void StopAll(std::chrono::milliseconds grace);
 
@@ -45,6 +47,7 @@ class RankSupervisor {
   std::vector<Child> children_;
   Status fatal_;
   bool stopping_ = false;
+  bool restarts_stopped_ = false;
   std::thread reaper_;
 };
 

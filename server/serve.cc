@@ -95,7 +95,7 @@ int RunServeCommand(int argc, char** argv) {
   std::condition_variable cv;
   bool stop = false;
   bool serving = false;
-  WatchTerminationSignals([&](int signo) {
+  TerminationSignalWatcher watcher([&](int signo) {
     spdlog::info("serve: signal {} received, shutting down", signo);
     std::lock_guard<std::mutex> lock(mu);
     stop = true;
@@ -145,6 +145,9 @@ int RunServeCommand(int argc, char** argv) {
       }
     }
   }
+  // A rank that exits on the coordinator's Shutdown is done, not dead: restarting it would only
+  // have it refused by a coordinator that is going away.
+  supervisor.StopRestarts();
   (*server)->Shutdown(std::chrono::milliseconds(exit_code == 0 ? drain_ms : 0));
   supervisor.StopAll(std::chrono::milliseconds(5000));
   if (!address_file.empty()) unlink(address_file.c_str());
