@@ -198,6 +198,14 @@ const BadConfig kBadConfigs[] = {
      "2147483647, got -1"},
     {"StepTimeoutZero", [](json& j) { j["server"]["step_timeout_ms"] = 0; },
      "server.step_timeout_ms: expected a positive integer (milliseconds), got 0"},
+    {"RankSecretFileNotAString", [](json& j) { j["server"]["rank_secret_file"] = 7; },
+     "server.rank_secret_file: expected a file path or \"\" (gcmoe serve: one it creates), got "
+     "7"},
+    {"FailureIntervalTooShort", [](json& j) { j["logging"]["failure_interval_ms"] = 50; },
+     "logging.failure_interval_ms: expected an integer in 100..3600000 (milliseconds), got 50"},
+    {"FailuresPerIntervalNegative", [](json& j) { j["logging"]["failures_per_interval"] = -1; },
+     "logging.failures_per_interval: expected an integer in 0..100000 (0 = summaries only), got "
+     "-1"},
     {"IntegerBeyondInt64", [](json& j) { j["server"]["max_queue"] = 18446744073709551615ull; },
      "server.max_queue: expected a positive integer, got 18446744073709551615"},
     {"TopLevelNotAnObject",
