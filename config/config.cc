@@ -123,6 +123,7 @@ ordered_json ServerJson(const ServerConfig& s) {
   ordered_json auth = ordered_json::object();
   auth["tokens_file"] = s.auth.tokens_file;
   j["auth"] = auth;
+  j["rank_secret_file"] = s.rank_secret_file;
   return j;
 }
 
@@ -131,6 +132,8 @@ ordered_json LoggingJson(const LoggingConfig& l) {
   j["level"] = l.level;
   j["format"] = l.format;
   j["file"] = l.file;
+  j["failure_interval_ms"] = l.failure_interval_ms;
+  j["failures_per_interval"] = l.failures_per_interval;
   return j;
 }
 

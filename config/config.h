@@ -159,12 +159,21 @@ struct ServerConfig {
   TlsConfig tls;           // server.tls
   RankTlsConfig rank_tls;  // server.rank_tls
   AuthConfig auth;         // server.auth
+  // server.rank_secret_file: the attach secret a rank proves it holds before the coordinator
+  // looks at anything else it says; a file only its owner may read or write. Empty: `gcmoe serve`
+  // creates one for its own ranks in a private directory; `coordinator` and `rank` refuse to
+  // start without one.
+  std::string rank_secret_file;
 };
 
 struct LoggingConfig {
   std::string level = "info";   // logging.level: trace|debug|info|warn|error
   std::string format = "text";  // logging.format: "text" | "json"
   std::string file;             // logging.file: empty = stderr
+  // Failed calls are logged one line each up to failures_per_interval per interval; the rest of
+  // an interval's failures become one summary line with their counts by status code.
+  int failure_interval_ms = 1000;  // logging.failure_interval_ms
+  int failures_per_interval = 10;  // logging.failures_per_interval (0 = summaries only)
 };
 
 struct Config {

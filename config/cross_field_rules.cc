@@ -162,6 +162,13 @@ Status CheckSplitMode(const Config& config) {
                           rank_listen + ")",
                       "\"\"");
   }
+  if (config.server.rank_secret_file.empty()) {
+    problems.Expected("server.rank_secret_file",
+                      "the attach secret's file in split mode (the coordinator and every rank "
+                      "read it; only `gcmoe serve` makes one of its own), e.g. "
+                      "\"/etc/gcmoe/rank.secret\"",
+                      "\"\"");
+  }
   return problems.ToStatus();
 }
 

@@ -271,6 +271,8 @@ void ReadServer(ObjectReader r, ServerConfig* s) {
   ObjectReader auth = r.Object("auth", "an object with tokens_file");
   auth.String("tokens_file", "a file path or \"\" (no authentication)", {}, &s->auth.tokens_file);
   auth.Finish();
+  r.String("rank_secret_file", "a file path or \"\" (gcmoe serve: one it creates)", {},
+           &s->rank_secret_file);
   r.Finish();
 }
 
@@ -278,6 +280,12 @@ void ReadLogging(ObjectReader r, LoggingConfig* l) {
   r.OneOf("level", {"trace", "debug", "info", "warn", "error"}, &l->level);
   r.OneOf("format", {"text", "json"}, &l->format);
   r.String("file", "a file path or \"\" (stderr)", {}, &l->file);
+  r.Int("failure_interval_ms",
+        {.min = 100, .max = 3600000, .expected = "an integer in 100..3600000 (milliseconds)"},
+        &l->failure_interval_ms);
+  r.Int("failures_per_interval",
+        {.min = 0, .max = 100000, .expected = "an integer in 0..100000 (0 = summaries only)"},
+        &l->failures_per_interval);
   r.Finish();
 }
 

@@ -19,7 +19,8 @@ packages=(
   libspdlog-dev nlohmann-json3-dev libglpk-dev
   # The /metrics endpoint (server/metrics.cc) serves through prometheus-cpp's pull exposer.
   prometheus-cpp-dev
-  # Certificate checks before TLS (server/tls_credentials.cc).
+  # Certificate checks before TLS (server/tls_credentials.cc); HMAC-SHA256 of the rank attach
+  # proof (server/attach_secret.cc).
   libssl-dev
 )
 test_packages=(

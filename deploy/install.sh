@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs a built gcmoe on this host: the binary, a config, the systemd units, a system user,
-# the API's .proto files (/usr/local/share/gcmoe/proto) and the Python client package (for
-# Debian's /usr/bin/python3, under /usr/local/lib/python3.X/dist-packages).
+# Installs a built gcmoe on this host: the binary, a config, the rank attach secret, the systemd
+# units, a system user, the API's .proto files (/usr/local/share/gcmoe/proto) and the Python
+# client package (for Debian's /usr/bin/python3, under /usr/local/lib/python3.X/dist-packages).
 #   deploy/install.sh [--build-dir build] [--config config/examples/tiny-cpu.json] [--prefix /]
 # Run ./run.sh build first. With --prefix DIR it installs under DIR (for packaging or a dry run)
 # and touches neither users nor systemd.
@@ -16,7 +16,7 @@ while [ $# -gt 0 ]; do
     --build-dir) build_dir=$2; shift 2 ;;
     --config) config=$2; shift 2 ;;
     --prefix) prefix=$2; shift 2 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -29,16 +29,28 @@ install -D -m 0755 "$binary" "$prefix/usr/local/bin/gcmoe"
 install -d -m 0755 "$prefix/etc/gcmoe"
 if [ -e "$prefix/etc/gcmoe/gcmoe.json" ]; then
   echo "install.sh: keeping the existing $prefix/etc/gcmoe/gcmoe.json"
-elif "$binary" config show --config "$config" | grep -q '"rank_listen": ".*:0"'; then
-  # The split units (gcmoe-coordinator + gcmoe-rank@N) start ranks apart from the coordinator,
-  # and they find it through the config alone: give the rank port a fixed number. `gcmoe serve`
-  # works with either.
-  "$binary" config show --config "$config" --set server.rank_listen=127.0.0.1:50052 \
-    > "$prefix/etc/gcmoe/gcmoe.json"
-  chmod 0644 "$prefix/etc/gcmoe/gcmoe.json"
-  echo "install.sh: $prefix/etc/gcmoe/gcmoe.json: server.rank_listen set to 127.0.0.1:50052"
 else
-  install -m 0644 "$config" "$prefix/etc/gcmoe/gcmoe.json"
+  # The split units (gcmoe-coordinator + gcmoe-rank@N) start ranks apart from the coordinator,
+  # and they have only the config: a fixed rank port to dial and the attach secret to prove.
+  # `gcmoe serve` works with either.
+  sets=()
+  effective=$("$binary" config show --config "$config")
+  if grep -q '"rank_listen": ".*:0"' <<<"$effective"; then
+    sets+=(--set server.rank_listen=127.0.0.1:50052)
+  fi
+  if grep -q '"rank_secret_file": ""' <<<"$effective"; then
+    sets+=(--set server.rank_secret_file=/etc/gcmoe/rank.secret)
+  fi
+  "$binary" config show --config "$config" "${sets[@]}" > "$prefix/etc/gcmoe/gcmoe.json"
+  chmod 0644 "$prefix/etc/gcmoe/gcmoe.json"
+  [ ${#sets[@]} -eq 0 ] ||
+    echo "install.sh: $prefix/etc/gcmoe/gcmoe.json: ${sets[*]}"
+fi
+# The rank attach secret: 32 random bytes, readable by the service's user alone. One per host
+# installed (a package built with --prefix should make it at install time instead).
+if [ ! -e "$prefix/etc/gcmoe/rank.secret" ]; then
+  (umask 077 && head -c 32 /dev/urandom | base64 > "$prefix/etc/gcmoe/rank.secret")
+  echo "install.sh: $prefix/etc/gcmoe/rank.secret: a new rank attach secret"
 fi
 "$binary" config validate --split "$prefix/etc/gcmoe/gcmoe.json" >/dev/null ||
   echo "install.sh: gcmoe.service can run this config; the split units cannot (above)" >&2
@@ -60,6 +72,7 @@ if [ "$prefix" = "/" ]; then
   if ! id gcmoe >/dev/null 2>&1; then
     useradd --system --no-create-home --shell /usr/sbin/nologin gcmoe
   fi
+  chown gcmoe:gcmoe /etc/gcmoe/rank.secret
   if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
     systemctl daemon-reload
     echo "install.sh: installed. Start with: systemctl enable --now gcmoe"

@@ -71,8 +71,15 @@ ExchangeLayout ExchangeLayout::For(const ExchangeShape& shape) {
 
 int SegmentView::num_tokens() const { return header->num_tokens.load(std::memory_order_relaxed); }
 
-ShmExchange::ShmExchange(std::string name, int rank, const ExchangeLayout& layout)
-    : name_(std::move(name)), rank_(rank), layout_(layout) {}
+std::string ShmExchange::SegmentName(const std::string& instance, int rank) {
+  return "/gcmoe-" + instance + "-r" + std::to_string(rank);
+}
+
+ShmExchange::ShmExchange(std::string instance, int rank, const ExchangeLayout& layout)
+    : instance_(std::move(instance)),
+      name_(SegmentName(instance_, rank)),
+      rank_(rank),
+      layout_(layout) {}
 
 Result<std::unique_ptr<ShmExchange>> ShmExchange::Create(const std::string& instance, int rank,
                                                          const ExchangeShape& shape) {
@@ -80,11 +87,11 @@ Result<std::unique_ptr<ShmExchange>> ShmExchange::Create(const std::string& inst
       shape.world_size <= 0 || rank < 0 || rank >= shape.world_size) {
     return InvalidArgument("exchange: bad shape or rank");
   }
-  const std::string name = "/gcmoe-" + instance + "-r" + std::to_string(rank);
+  const std::string name = SegmentName(instance, rank);
   if (name.size() > 200 || instance.find('/') != std::string::npos) {
     return InvalidArgument("exchange: instance name \"" + instance + "\" is not usable");
   }
-  std::unique_ptr<ShmExchange> ex(new ShmExchange(name, rank, ExchangeLayout::For(shape)));
+  std::unique_ptr<ShmExchange> ex(new ShmExchange(instance, rank, ExchangeLayout::For(shape)));
   // A segment left behind by an earlier incarnation of this rank (killed before it could
   // unlink) is replaced, never reused: its signals belong to another life.
   shm_unlink(name.c_str());
@@ -127,6 +134,13 @@ Status ShmExchange::Connect(std::span<const std::string> peer_names) {
   if (peer_names[rank_] != name_) {
     return InvalidArgument("exchange: rank " + std::to_string(rank_) + " is listed as \"" +
                            peer_names[rank_] + "\", expected its own segment \"" + name_ + "\"");
+  }
+  for (int r = 0; r < world; ++r) {
+    if (peer_names[r] != SegmentName(instance_, r)) {
+      return FailedPrecondition("exchange: rank " + std::to_string(r) + " is listed as \"" +
+                                peer_names[r] + "\", expected this service's segment \"" +
+                                SegmentName(instance_, r) + "\"");
+    }
   }
   UnmapPeers();
   for (int r = 0; r < world; ++r) {

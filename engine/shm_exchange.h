@@ -89,8 +89,12 @@ struct WaitLimits {
 
 class ShmExchange {
  public:
+  // "/gcmoe-<instance>-r<rank>": the only names a rank of `instance` creates or maps.
+  static std::string SegmentName(const std::string& instance, int rank);
+
   // Creates (replacing any stale one of the same name) this rank's segment
-  // "/gcmoe-<instance>-r<rank>". The segment is unlinked when the object is destroyed.
+  // SegmentName(instance, rank), mode 0600: only the service's user may map it. The segment is
+  // unlinked when the object is destroyed.
   static Result<std::unique_ptr<ShmExchange>> Create(const std::string& instance, int rank,
                                                      const ExchangeShape& shape);
   ~ShmExchange();
@@ -104,6 +108,8 @@ class ShmExchange {
 
   // Maps every peer's segment (peer_names indexed by rank; this rank's own entry must be its
   // name) and zeroes this rank's signals. Call only when no step is in flight on any rank.
+  // Every name must be SegmentName(this instance, its rank): a rank maps no other memory,
+  // whatever it is told.
   Status Connect(std::span<const std::string> peer_names);
   bool connected() const { return connected_; }
 
@@ -120,9 +126,10 @@ class ShmExchange {
   Status WaitCombineAndReset(uint64_t generation, const WaitLimits& limits);
 
  private:
-  ShmExchange(std::string name, int rank, const ExchangeLayout& layout);
+  ShmExchange(std::string instance, int rank, const ExchangeLayout& layout);
   void UnmapPeers();
 
+  std::string instance_;
   std::string name_;
   int rank_ = 0;
   ExchangeLayout layout_;

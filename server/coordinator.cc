@@ -186,8 +186,7 @@ void Coordinator::MaybeStartEpochLocked(Outbox* outbox) {
   spdlog::info("epoch {}: connecting {} rank(s)", epoch_, options_.world_size);
 }
 
-Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
-  const internal::Hello& hello = session->hello();
+Status Coordinator::CheckHello(const internal::Hello& hello) const {
   if (hello.world_size() != static_cast<uint32_t>(options_.world_size)) {
     return FailedPrecondition("rank " + std::to_string(hello.rank()) + " was started for " +
                               std::to_string(hello.world_size()) +
@@ -198,15 +197,20 @@ Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
     return FailedPrecondition("rank " + std::to_string(hello.rank()) + " is out of range 0.." +
                               std::to_string(options_.world_size - 1));
   }
+  // The message goes back to the rank: it names neither digest (the rank logs its own).
   if (hello.config_digest() != options_.config_digest) {
-    return FailedPrecondition("rank " + std::to_string(hello.rank()) + "'s configuration (" +
-                              hello.config_digest() + ") differs from the coordinator's (" +
-                              options_.config_digest +
-                              "): model, parallel, engine and balancer sections must match");
+    return FailedPrecondition("rank " + std::to_string(hello.rank()) +
+                              "'s configuration differs from the coordinator's: model, "
+                              "parallel, engine and balancer sections must match");
   }
+  return Status::Ok();
+}
+
+Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
+  GCMOE_RETURN_IF_ERROR(CheckHello(session->hello()));
   // A rank on this host gets its shards through shared memory; one elsewhere in its messages.
   std::shared_ptr<RankIo> io;
-  if (options_.shared_memory_io && hello.host() == host_) {
+  if (options_.shared_memory_io && session->hello().host() == host_) {
     Result<std::unique_ptr<RankIo>> created = RankIo::Create(
         session->rank(), RankIoLayout::For(options_.max_tokens_per_rank, options_.hidden,
                                            options_.top_k, RankIo::kSlots));
@@ -218,21 +222,17 @@ Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
     }
   }
   Outbox outbox;
-  std::shared_ptr<RankSession> replaced;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_) return Unavailable("the coordinator is shutting down");
     Slot& slot = slots_[session->rank()];
     if (slot.session) {
-      // The process this replaces may be gone without its stream having noticed yet.
-      replaced = slot.session;
-      spdlog::warn("{} replaces {}", session->Describe(), replaced->Describe());
-      if (in_flight_.active && !in_flight_.reported[session->rank()]) {
-        in_flight_.reported[session->rank()] = true;
-        --in_flight_.pending;
-        FailInFlightLocked(Unavailable(replaced->Describe() + " was replaced during step " +
-                                       std::to_string(in_flight_.generation)));
-      }
+      // A live session is never replaced: a Hello alone proves nothing about the process that
+      // holds the slot. A restarted rank gets in once its predecessor's stream has ended (at
+      // once when that process died; keepalive finds a vanished host).
+      return Unavailable("rank " + std::to_string(session->rank()) + " is attached already (" +
+                         slot.session->Describe() +
+                         "); a new process is admitted once that one's stream has closed");
     }
     StopResultReader(&slot);
     slot.session = session;
@@ -253,7 +253,6 @@ Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
   }
   cv_.notify_all();
   work_cv_.notify_all();
-  if (replaced) replaced->Cancel();
   Deliver(&outbox);
   NotifyServing();
   return Status::Ok();
@@ -277,7 +276,7 @@ void Coordinator::OnMessage(const std::shared_ptr<RankSession>& session,
   const int r = session->rank();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (slots_[r].session != session) return;  // a replaced session's late words
+    if (slots_[r].session != session) return;  // not (or no longer) the attached session
     if (message.has_ready()) {
       const internal::Ready& ready = message.ready();
       if (ready.epoch() != epoch_) return;

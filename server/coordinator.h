@@ -77,7 +77,11 @@ class Coordinator {
   // serve's start-up wait). Callbacks run outside the coordinator's lock, one at a time.
   void AddServingCallback(std::function<void(bool)> callback);
 
-  // RankControl side, from each attached rank's stream handler.
+  // RankControl side, from each attached rank's stream handler (after its attach proof).
+  // CheckHello: the Hello fits this service (world size, rank index, config digest); the
+  // messages name neither the coordinator's config nor its digest. Register checks it too, and
+  // refuses with UNAVAILABLE while another session holds the rank.
+  Status CheckHello(const gcmoe::internal::v1::Hello& hello) const;
   Status Register(const std::shared_ptr<RankSession>& session);
   void OnMessage(const std::shared_ptr<RankSession>& session,
                  const gcmoe::internal::v1::RankMessage& message);

@@ -45,6 +45,7 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
                            std::to_string(max_bytes) +
                            " bytes, over gRPC's 2 GiB limit; lower engine.max_tokens_per_rank");
   }
+  GCMOE_ASSIGN_OR_RETURN(AttachSecret secret, AttachSecret::Load(config.server.rank_secret_file));
   server->stats_ = std::make_unique<ServiceStats>(config.parallel.ranks);
   GCMOE_ASSIGN_OR_RETURN(server->metrics_,
                          Metrics::Start(config.server.metrics_listen, config.parallel.ranks));
@@ -63,6 +64,10 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
                            ReloadableServerCredentials::Create(RankTlsFiles(config.server)));
     rank_credentials = server->rank_tls_->credentials();
   }
+  FailureLog::Options failure_options;
+  failure_options.interval = std::chrono::milliseconds(config.logging.failure_interval_ms);
+  failure_options.lines_per_interval = config.logging.failures_per_interval;
+  server->failure_log_ = std::make_unique<FailureLog>(failure_options);
   CoordinatorOptions options;
   options.world_size = config.parallel.ranks;
   options.hidden = config.model.hidden;
@@ -83,7 +88,7 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
       std::make_unique<Coordinator>(options, std::move(planner), server->stats_.get());
   server->moe_service_ = std::make_unique<MoeServiceImpl>(
       config, max_bytes, server->coordinator_.get(), server->stats_.get(), server->metrics_.get(),
-      server->auth_.get());
+      server->auth_.get(), server->failure_log_.get());
   server->kserve_service_ = std::make_unique<KServeServiceImpl>(
       config, server->moe_service_.get(), server->coordinator_.get(), server->stats_.get());
   Coordinator* coordinator = server->coordinator_.get();
@@ -99,7 +104,11 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
     state.ranks.assign(stats.ranks().begin(), stats.ranks().end());
     return state;
   });
-  server->rank_service_ = std::make_unique<RankControlService>(server->coordinator_.get());
+  AttachPolicy policy{.secret = secret,
+                      .instance = secret.InstanceName(options.config_digest),
+                      .backend = config.engine.backend};
+  server->rank_service_ = std::make_unique<RankControlService>(
+      server->coordinator_.get(), std::move(policy), server->failure_log_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -110,7 +119,16 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
     // gRPC turns SO_REUSEPORT on by default on Linux, which would let a second service bind
     // the same port and silently share its traffic: a busy port must be an error instead.
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    // A rank whose host or network died leaves no FIN behind: pings find its stream dead, so
+    // that a restarted rank (admitted only once its predecessor's stream is gone) gets in.
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
     builder.AddListeningPort(config.server.rank_listen, rank_credentials, &rank_port);
+    // Anyone who reaches the port can send a first message before proving anything: bound what
+    // the transport may hold, with room for every rank's step result at once.
+    grpc::ResourceQuota quota("gcmoe-rank-control");
+    quota.Resize(static_cast<size_t>((config.parallel.ranks + 2) * max_bytes));
+    builder.SetResourceQuota(quota);
     builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
     builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
     builder.RegisterService(server->rank_service_.get());
@@ -125,6 +143,12 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
     grpc::ServerBuilder builder;
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     builder.AddListeningPort(config.server.listen, public_credentials, &public_port);
+    // gRPC grants a stream the window its message header asks for and checks the size only once
+    // the whole message is in: the quota is what refuses oversize calls while they stream in
+    // (RESOURCE_EXHAUSTED) and bounds what concurrent ones hold, at twice the message limit.
+    grpc::ResourceQuota quota("gcmoe-public-api");
+    quota.Resize(static_cast<size_t>(2 * max_bytes));
+    builder.SetResourceQuota(quota);
     builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
     builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));
     builder.RegisterService(server->moe_service_.get());

@@ -11,8 +11,10 @@
 
 #include "common/status.h"
 #include "config/config.h"
+#include "server/attach_secret.h"
 #include "server/auth_tokens.h"
 #include "server/coordinator.h"
+#include "server/failure_log.h"
 #include "server/kserve_service.h"
 #include "server/metrics.h"
 #include "server/moe_service.h"
@@ -53,6 +55,7 @@ class CoordinatorServer {
   std::unique_ptr<TokenAuthenticator> auth_;                 // null: no token authentication
   std::unique_ptr<ReloadableServerCredentials> public_tls_;  // null: plaintext
   std::unique_ptr<ReloadableServerCredentials> rank_tls_;    // null: plaintext
+  std::unique_ptr<FailureLog> failure_log_;  // Forward failures and refused attaches
   std::unique_ptr<Coordinator> coordinator_;
   // After the coordinator: destroyed first, so no scrape reads a destroyed coordinator.
   std::unique_ptr<Metrics> metrics_;

@@ -216,7 +216,8 @@ Status Coordinator::RunStep(const std::vector<Call*>& calls) {
     step->set_output_dtype(output_fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
     for (int t : tokens_per_rank) step->add_tokens_per_rank(static_cast<uint32_t>(t));
     step->mutable_counts()->Assign(counts.begin(), counts.end());
-    step->set_request_id(first.request_id());
+    // The rank logs the step under one id: its first call's (server/request_id.h).
+    step->set_request_id(calls.front()->validated->request_id);
     step->set_relief_passes(static_cast<uint32_t>(passes));
     step->set_placement_version(placement_version);
     // A rank with a region gets the step through its doorbell, else on its control stream.

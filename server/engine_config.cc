@@ -131,18 +131,4 @@ Result<BalancerSetup> BalancerFromConfig(const config::Config& config) {
   return setup;
 }
 
-std::string DefaultInstanceName(const config::Config& config,
-                                const std::string& coordinator_address) {
-  // FNV-1a 64 over the digest and the address.
-  uint64_t h = 1469598103934665603ull;
-  for (char c : config.Digest() + "|" + coordinator_address) {
-    h ^= static_cast<uint8_t>(c);
-    h *= 1099511628211ull;
-  }
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%012llx",
-                static_cast<unsigned long long>(h & 0xffffffffffffull));
-  return buf;
-}
-
 }  // namespace gcmoe::server

@@ -44,10 +44,4 @@ Result<balancer::Placement> InitialPlacement(const config::Config& config);
 Result<balancer::Placement> FitObservedPlacement(const config::Config& config,
                                                  std::span<const double> mean_load);
 
-// Short name shared by every rank of one service on one host: its exchange segments are
-// "/gcmoe-<instance>-r<rank>". Derived from the config digest and the coordinator's address,
-// so two services on one host never collide.
-std::string DefaultInstanceName(const config::Config& config,
-                                const std::string& coordinator_address);
-
 }  // namespace gcmoe::server

@@ -1,8 +1,11 @@
 #include "server/forward_validation.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
+
+#include "common/number_formats.h"
 
 namespace gcmoe::server {
 namespace {
@@ -52,42 +55,60 @@ std::string Element(int64_t index, int64_t cols) {
   return "[" + std::to_string(index / cols) + ", " + std::to_string(index % cols) + "]";
 }
 
-Status CheckFiniteHidden(const Tensor& t, int64_t cols) {
+std::string ValueText(float v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", static_cast<double>(v));
+  return text;
+}
+
+// Finite and within kMaxActivationMagnitude, for FP32 and BF16 activations (FP8 ones are
+// checked with their scales).
+Status CheckHiddenValues(const Tensor& t, int64_t cols) {
   const auto* bytes = reinterpret_cast<const uint8_t*>(t.data().data());
   const int64_t n = static_cast<int64_t>(t.data().size());
-  switch (t.dtype()) {
-    case gcmoe::v1::FP32:
-      for (int64_t i = 0; i < n / 4; ++i) {
-        float v;
-        std::memcpy(&v, bytes + 4 * i, 4);
-        if (!std::isfinite(v)) {
-          return InvalidArgument("hidden: element " + Element(i, cols) + " is " +
-                                 (std::isnan(v) ? "NaN" : "Inf") +
-                                 ", expected finite activations");
-        }
-      }
-      break;
-    case gcmoe::v1::BF16:
-      for (int64_t i = 0; i < n / 2; ++i) {
-        uint16_t v;
-        std::memcpy(&v, bytes + 2 * i, 2);
-        if ((v & 0x7F80) == 0x7F80) {  // exponent all ones: Inf or NaN
-          return InvalidArgument("hidden: element " + Element(i, cols) + " is " +
-                                 ((v & 0x007F) ? "NaN" : "Inf") +
-                                 ", expected finite activations");
-        }
-      }
-      break;
-    case gcmoe::v1::FP8_E4M3:
-      for (int64_t i = 0; i < n; ++i) {
-        if ((bytes[i] & 0x7F) == 0x7F) {
-          return InvalidArgument("hidden: element " + Element(i, cols) +
-                                 " is the E4M3 NaN code, expected finite activations");
-        }
-      }
-      break;
-    default:
-      break;
+  const int elem = t.dtype() == gcmoe::v1::FP32 ? 4 : 2;
+  for (int64_t i = 0; i < n / elem; ++i) {
+    float v;
+    if (elem == 4) {
+      std::memcpy(&v, bytes + 4 * i, 4);
+    } else {
+      uint16_t bits;
+      std::memcpy(&bits, bytes + 2 * i, 2);
+      v = numerics::BF16ToFloat(bits);
+    }
+    if (!std::isfinite(v)) {
+      return InvalidArgument("hidden: element " + Element(i, cols) + " is " +
+                             (std::isnan(v) ? "NaN" : "Inf") + ", expected finite activations");
+    }
+    if (std::fabs(v) > kMaxActivationMagnitude) {
+      return InvalidArgument("hidden: element " + Element(i, cols) + " is " + ValueText(v) +
+                             ", expected a magnitude of at most 2^32 (DESIGN.md §4)");
+    }
+  }
+  return Status::Ok();
+}
+
+// E4M3 codes with their UE8M0 scales: no NaN code, decoded magnitude within
+// kMaxActivationMagnitude (448 x 2^127 would not even be a finite float).
+Status CheckFp8Hidden(const Tensor& t, const Tensor& scales, int64_t cols) {
+  const auto* q = reinterpret_cast<const uint8_t*>(t.data().data());
+  const auto* s = reinterpret_cast<const uint8_t*>(scales.data().data());
+  const int64_t n = static_cast<int64_t>(t.data().size());
+  const int64_t blocks_per_row = cols / 32;
+  for (int64_t i = 0; i < n; ++i) {
+    if ((q[i] & 0x7F) == 0x7F) {
+      return InvalidArgument("hidden: element " + Element(i, cols) +
+                             " is the E4M3 NaN code, expected finite activations");
+    }
+    const int64_t block = (i / cols) * blocks_per_row + (i % cols) / 32;
+    const double v = static_cast<double>(numerics::DecodeE4M3(q[i])) *
+                     std::ldexp(1.0, static_cast<int>(s[block]) - 127);
+    if (std::fabs(v) > kMaxActivationMagnitude) {
+      return InvalidArgument("hidden: element " + Element(i, cols) + " decodes to " +
+                             ValueText(static_cast<float>(v)) +
+                             " with its scale, expected a magnitude of at most 2^32 "
+                             "(DESIGN.md §4)");
+    }
   }
   return Status::Ok();
 }
@@ -156,9 +177,8 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLi
                              std::to_string(limits.max_tokens) +
                              " per call (parallel.ranks x engine.max_tokens_per_rank)");
   }
-  GCMOE_RETURN_IF_ERROR(
-      CheckMatrix("hidden", hidden, hidden.dtype(), T, H, "[T, H]", elem));
-  GCMOE_RETURN_IF_ERROR(CheckFiniteHidden(hidden, H));
+  GCMOE_RETURN_IF_ERROR(CheckMatrix("hidden", hidden, hidden.dtype(), T, H, "[T, H]", elem));
+  if (hidden.dtype() != gcmoe::v1::FP8_E4M3) GCMOE_RETURN_IF_ERROR(CheckHiddenValues(hidden, H));
 
   // hidden_scales: [T, H/32] UE8M0, exactly when hidden is FP8.
   const Tensor& scales = request.hidden_scales();
@@ -176,9 +196,9 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLi
                                " is 255 (UE8M0 NaN), expected 0..254");
       }
     }
+    GCMOE_RETURN_IF_ERROR(CheckFp8Hidden(hidden, scales, H));
   } else if (!IsEmpty(scales)) {
-    return InvalidArgument(std::string("hidden_scales: given with ") +
-                           DTypeName(hidden.dtype()) +
+    return InvalidArgument(std::string("hidden_scales: given with ") + DTypeName(hidden.dtype()) +
                            " hidden, expected scales only with FP8_E4M3 hidden");
   }
 
@@ -221,6 +241,11 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLi
         return InvalidArgument("topk_weights: element " + Element(t * k + j, k) + " is " +
                                (std::isnan(w) ? "NaN" : "Inf") + ", expected a finite weight");
       }
+      if (std::fabs(w) > kMaxRoutingWeightMagnitude) {
+        return InvalidArgument("topk_weights: element " + Element(t * k + j, k) + " is " +
+                               ValueText(w) +
+                               ", expected a magnitude of at most 2^16 (DESIGN.md §4)");
+      }
       if (e == -1) continue;
       if (e < 0 || e >= E) {
         return InvalidArgument("topk_ids: element " + Element(t * k + j, k) + " is " +
@@ -238,6 +263,31 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLi
         }
       }
       ++out->counts[static_cast<size_t>(src) * E + e];
+    }
+  }
+  return Status::Ok();
+}
+
+Status ValidateForwardOutput(const gcmoe::v1::Tensor& output) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(output.data().data());
+  const bool fp32 = output.dtype() == gcmoe::v1::FP32;
+  const int64_t elem = fp32 ? 4 : 2;
+  const int64_t n = static_cast<int64_t>(output.data().size()) / elem;
+  const int64_t cols = output.shape_size() == 2 && output.shape(1) > 0 ? output.shape(1) : n;
+  for (int64_t i = 0; i < n; ++i) {
+    float v;
+    if (fp32) {
+      std::memcpy(&v, bytes + 4 * i, 4);
+    } else {
+      uint16_t bits;
+      std::memcpy(&bits, bytes + 2 * i, 2);
+      v = numerics::BF16ToFloat(bits);
+    }
+    if (!std::isfinite(v)) {
+      return InvalidArgument("output: element " + Element(i, cols) + " is " +
+                             (std::isnan(v) ? "NaN" : "Inf") +
+                             ": the layer overflowed FP32 on this input; expected smaller "
+                             "hidden or topk_weights (DESIGN.md §4)");
     }
   }
   return Status::Ok();

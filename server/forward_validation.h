@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -10,6 +11,12 @@
 #include "gcmoe/v1/moe.pb.h"
 
 namespace gcmoe::server {
+
+// The largest magnitudes the service computes with (DESIGN.md §4): an activation as decoded from
+// hidden (and its scales), and a routing weight. Larger ones are refused with INVALID_ARGUMENT
+// naming the element, before anything reaches a rank.
+inline constexpr float kMaxActivationMagnitude = 4294967296.0f;  // 2^32
+inline constexpr float kMaxRoutingWeightMagnitude = 65536.0f;    // 2^16
 
 struct ForwardLimits {
   int hidden = 0;
@@ -26,6 +33,7 @@ struct ValidatedForward {
   bool output_fp32 = false;
   std::vector<int> tokens_per_rank;  // [P] contiguous shards: the source rank of each token
   std::vector<int64_t> counts;       // [P, E] C[src][expert]
+  std::string request_id;            // the call's id (server/request_id.h), sent with its step
 };
 
 // Splits T tokens into P contiguous shards, the first T % P one token larger.
@@ -33,6 +41,11 @@ std::vector<int> ShardSizes(int num_tokens, int world_size);
 
 Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLimits& limits,
                        ValidatedForward* out);
+
+// An output is returned only when every element is finite: a layer that overflowed FP32 (weights
+// can be as large as FP32 allows, so the input bounds alone cannot rule it out) fails the call
+// with INVALID_ARGUMENT naming the element, never OK.
+Status ValidateForwardOutput(const gcmoe::v1::Tensor& output);
 
 const char* DTypeName(gcmoe::v1::DType dtype);
 

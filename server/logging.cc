@@ -4,11 +4,13 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "server/log_format.h"
+
 namespace gcmoe::server {
 
 Status SetupLogging(const config::LoggingConfig& logging, const std::string& role) {
   const spdlog::level::level_enum level = spdlog::level::from_str(logging.level);
-  if (spdlog::level::to_string_view(level) != logging.level) {
+  if (logging.level != LevelName(level)) {
     return InvalidArgument("logging.level: \"" + logging.level +
                            "\", expected trace, debug, info, warn or error");
   }
@@ -22,12 +24,7 @@ Status SetupLogging(const config::LoggingConfig& logging, const std::string& rol
   } catch (const spdlog::spdlog_ex& e) {
     return InvalidArgument("logging.file: cannot open \"" + logging.file + "\": " + e.what());
   }
-  if (logging.format == "json") {
-    logger->set_pattern("{\"time\":\"%Y-%m-%dT%H:%M:%S.%e%z\",\"level\":\"%l\",\"role\":\"" +
-                        role + "\",\"pid\":%P,\"msg\":\"%v\"}");
-  } else {
-    logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [" + role + "] [%^%l%$] %v");
-  }
+  logger->set_formatter(MakeLogFormatter(logging.format, role));
   logger->set_level(level);
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);

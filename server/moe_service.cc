@@ -1,10 +1,13 @@
 #include "server/moe_service.h"
 
 #include <chrono>
+#include <optional>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
 #include "server/grpc_status.h"
+#include "server/request_id.h"
 
 namespace gcmoe::server {
 
@@ -19,17 +22,25 @@ std::string GrpcCodeName(const grpc::Status& status) {
   return StatusCodeName(FromGrpcCode(status.error_code()));
 }
 
+std::optional<std::string_view> RequestIdHeader(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  const auto found = metadata.find(kRequestIdHeader);
+  if (found == metadata.end()) return std::nullopt;
+  return std::string_view(found->second.data(), found->second.size());
+}
+
 }  // namespace
 
 MoeServiceImpl::MoeServiceImpl(const config::Config& config, int64_t max_message_bytes,
                                Coordinator* coordinator, ServiceStats* stats, Metrics* metrics,
-                               const TokenAuthenticator* auth)
+                               const TokenAuthenticator* auth, FailureLog* failure_log)
     : config_(config),
       max_message_bytes_(max_message_bytes),
       coordinator_(coordinator),
       stats_(stats),
       metrics_(metrics),
-      auth_(auth) {
+      auth_(auth),
+      failure_log_(failure_log) {
   limits_.hidden = config.model.hidden;
   limits_.experts = config.model.experts;
   limits_.top_k = config.model.top_k;
@@ -52,7 +63,15 @@ grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
   const auto start = std::chrono::steady_clock::now();
   metrics_->CallStarted();
   grpc::Status status = Authenticate(*context);
-  if (status.ok()) status = ToGrpcStatus(RunForward(context, *request, response));
+  if (status.ok()) {
+    std::string request_id;
+    status = ToGrpcStatus(
+        RunForward(context, *request, RequestIdHeader(*context), &request_id, response));
+    // The id the call is logged under goes back in the response metadata, failures included.
+    if (!request_id.empty()) {
+      context->AddInitialMetadata(kRequestIdHeader, RequestIdHeaderValue(request_id));
+    }
+  }
   metrics_->CallFinished();
   metrics_->RecordCall("Forward", GrpcCodeName(status), SecondsSince(start));
   return status;
@@ -60,11 +79,19 @@ grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
 
 Status MoeServiceImpl::RunForward(grpc::ServerContext* context,
                                   const gcmoe::v1::ForwardRequest& request,
+                                  std::optional<std::string_view> request_id_header,
+                                  std::string* request_id_out,
                                   gcmoe::v1::ForwardResponse* response) {
   using Clock = Coordinator::Clock;
   const auto start = Clock::now();
   ValidatedForward validated;
-  Status status = ValidateForward(request, limits_, &validated);
+  Result<std::string> request_id = ResolveRequestId(request.request_id(), request_id_header);
+  Status status = request_id.status();
+  if (status.ok()) {
+    validated.request_id = *request_id;
+    *request_id_out = validated.request_id;
+    status = ValidateForward(request, limits_, &validated);
+  }
   const auto validated_at = Clock::now();
   if (status.ok()) {
     // The client's deadline, or the configured default when it set none.
@@ -77,18 +104,27 @@ Status MoeServiceImpl::RunForward(grpc::ServerContext* context,
     }
     status = coordinator_->Forward(
         request, validated, deadline, [context] { return context->IsCancelled(); }, response);
+    // An overflowed layer is an error, never an OK carrying Inf or NaN (DESIGN.md §4).
+    if (status.ok()) status = ValidateForwardOutput(response->output());
   }
   if (!status.ok()) {
     stats_->RecordFailure(StatusCodeName(status.code()));
-    if (status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound) {
-      spdlog::debug("Forward {} rejected: {}", request.request_id(), status.ToString());
-    } else {
-      spdlog::warn("Forward {} failed: {}", request.request_id(), status.ToString());
-    }
+    // Bad input is the caller's business (debug); anything else is the service's (warn).
+    const bool bad_input =
+        status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound;
+    // An id too long to log whole: its head and its length.
+    const std::string id =
+        request_id.ok()
+            ? validated.request_id
+            : RefusedIdPrefix(!request.request_id().empty()
+                                  ? std::string_view(request.request_id())
+                                  : request_id_header.value_or(std::string_view()));
+    failure_log_->Record(status.code(), bad_input ? spdlog::level::debug : spdlog::level::warn,
+                         "Forward \"" + id + "\" failed: " + status.ToString());
     response->Clear();
     return status;
   }
-  response->set_request_id(request.request_id());
+  response->set_request_id(validated.request_id);
   gcmoe::v1::ForwardStats* stats = response->mutable_stats();
   stats->set_validate_ns(
       std::chrono::duration_cast<std::chrono::nanoseconds>(validated_at - start).count());
@@ -104,8 +140,8 @@ Status MoeServiceImpl::RunForward(grpc::ServerContext* context,
   for (const auto& [stage, ns] : stages) {
     metrics_->RecordStage(stage, static_cast<double>(ns) * 1e-9);
   }
-  spdlog::debug("Forward {}: {} tokens in {} us (engine {} us, {} call(s) in the step)",
-                request.request_id(), validated.num_tokens, stats->total_ns() / 1000,
+  spdlog::debug("Forward \"{}\": {} tokens in {} us (engine {} us, {} call(s) in the step)",
+                validated.request_id, validated.num_tokens, stats->total_ns() / 1000,
                 stats->engine_ns() / 1000, stats->batched_calls());
   return Status::Ok();
 }
@@ -125,13 +161,17 @@ grpc::Status MoeServiceImpl::ForwardStream(
     ++messages;
     reply.Clear();
     metrics_->CallStarted();
-    const Status status = RunForward(context, request, reply.mutable_response());
+    // One x-request-id header cannot name many calls: each message's id is its request_id
+    // field, or a new one, returned in the reply.
+    std::string request_id;
+    const Status status =
+        RunForward(context, request, std::nullopt, &request_id, reply.mutable_response());
     metrics_->CallFinished();
     const grpc::Status grpc_status = ToGrpcStatus(status);
     metrics_->RecordCall("ForwardStream", GrpcCodeName(grpc_status), SecondsSince(start));
     reply.set_code(static_cast<int>(grpc_status.error_code()));
     reply.set_message(status.message());
-    reply.set_request_id(request.request_id());
+    reply.set_request_id(request_id.empty() ? request.request_id() : request_id);
     if (!status.ok()) reply.clear_response();
     if (!stream->Write(reply)) break;  // the client has gone
   }

@@ -2,10 +2,15 @@
 // authenticated here (when tokens are configured) and counted in the metrics as it ends.
 #pragma once
 
+#include <optional>
+#include <string>
+#include <string_view>
+
 #include "config/config.h"
 #include "gcmoe/v1/moe.grpc.pb.h"
 #include "server/auth_tokens.h"
 #include "server/coordinator.h"
+#include "server/failure_log.h"
 #include "server/forward_validation.h"
 #include "server/metrics.h"
 #include "server/service_stats.h"
@@ -14,9 +19,11 @@ namespace gcmoe::server {
 
 class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
  public:
-  // `auth` may be null (no token authentication).
+  // `auth` may be null (no token authentication); failure_log: where failed calls are logged,
+  // rate-limited (shared with the rank gate).
   MoeServiceImpl(const config::Config& config, int64_t max_message_bytes, Coordinator* coordinator,
-                 ServiceStats* stats, Metrics* metrics, const TokenAuthenticator* auth);
+                 ServiceStats* stats, Metrics* metrics, const TokenAuthenticator* auth,
+                 FailureLog* failure_log);
 
   grpc::Status Forward(grpc::ServerContext* context, const gcmoe::v1::ForwardRequest* request,
                        gcmoe::v1::ForwardResponse* response) override;
@@ -32,10 +39,13 @@ class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
                     gcmoe::v1::ForwardResponse* response) override;
 
  private:
-  // One Forward, for the unary call and for each message of a stream: validation, the
-  // coordinator, stats, metrics and logs. On failure `response` is cleared.
+  // One Forward, for the unary call and for each message of a stream: request id, validation,
+  // the coordinator, the output check, stats, metrics and logs. The call's id (the request_id
+  // field, else `request_id_header`, else a new one) is left in *request_id_out once resolved.
+  // On failure `response` is cleared.
   Status RunForward(grpc::ServerContext* context, const gcmoe::v1::ForwardRequest& request,
-                    gcmoe::v1::ForwardResponse* response);
+                    std::optional<std::string_view> request_id_header,
+                    std::string* request_id_out, gcmoe::v1::ForwardResponse* response);
   grpc::Status Authenticate(const grpc::ServerContext& context) const;
 
   const config::Config config_;
@@ -45,6 +55,7 @@ class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
   ServiceStats* stats_;
   Metrics* metrics_;
   const TokenAuthenticator* auth_;
+  FailureLog* failure_log_;
 };
 
 }  // namespace gcmoe::server

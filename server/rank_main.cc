@@ -23,7 +23,6 @@ int RunRankCommand(int argc, char** argv) {
   std::vector<std::string> overrides;
   int rank = -1;
   std::string coordinator;
-  std::string instance;
   bool exit_with_coordinator = false;
   Flags flags("gcmoe rank",
               "Runs one rank process: loads the experts this rank holds, attaches to the\n"
@@ -34,8 +33,6 @@ int RunRankCommand(int argc, char** argv) {
   flags.String("coordinator", &coordinator,
                "coordinator address host:port (default: server.coordinator, else "
                "server.rank_listen)");
-  flags.String("instance", &instance,
-               "name of this service's shared-memory segments (default: derived)");
   flags.Bool("exit-with-coordinator", &exit_with_coordinator,
              "exit when the coordinator goes away (how `gcmoe serve` runs its ranks)");
   if (int rc = flags.ParseOrExit(argc, argv); rc >= 0) return rc;
@@ -64,7 +61,6 @@ int RunRankCommand(int argc, char** argv) {
   options.config = *config;
   options.rank = rank;
   options.coordinator = coordinator;
-  options.instance = instance;
   options.exit_with_coordinator = exit_with_coordinator;
   auto process = RankProcess::Create(options);
   if (!process.ok()) {

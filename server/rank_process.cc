@@ -34,14 +34,13 @@ engine::DType EngineDType(gcmoe::v1::DType dtype) {
 }  // namespace
 
 Result<std::unique_ptr<RankProcess>> RankProcess::Create(const RankProcessOptions& options) {
-  std::unique_ptr<RankProcess> process(new RankProcess());
+  GCMOE_ASSIGN_OR_RETURN(AttachSecret secret,
+                         AttachSecret::Load(options.config.server.rank_secret_file));
+  std::unique_ptr<RankProcess> process(new RankProcess(std::move(secret)));
   process->options_ = options;
-  if (process->options_.instance.empty()) {
-    process->options_.instance = DefaultInstanceName(options.config, options.coordinator);
-  }
   GCMOE_ASSIGN_OR_RETURN(BalancerSetup balancing, BalancerFromConfig(options.config));
-  const engine::EngineOptions engine_options =
-      EngineOptionsFromConfig(options.config, options.rank, process->options_.instance);
+  const engine::EngineOptions engine_options = EngineOptionsFromConfig(
+      options.config, options.rank, process->secret_.InstanceName(options.config.Digest()));
   GCMOE_ASSIGN_OR_RETURN(
       process->engine_,
       engine::Engine::Create(engine_options, std::move(balancing.balancer), balancing.placement));
@@ -125,6 +124,20 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
   }
   std::unique_ptr<Stream> stream = stub->Attach(&context);
 
+  // The coordinator speaks first: a nonce this rank's Hello proves the attach secret against.
+  internal::CoordinatorMessage message;
+  bool reconnect = true;
+  if (!stream->Read(&message) || !message.has_challenge()) {
+    context.TryCancel();
+    const grpc::Status status = stream->Finish();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      context_ = nullptr;
+    }
+    spdlog::warn("rank {}: {} sent no attach challenge ({})", options_.rank, options_.coordinator,
+                 status.ok() ? "stream closed" : status.error_message());
+    return true;
+  }
   static const uint64_t incarnation = std::random_device{}() * 0x100000000ull ^ getpid();
   internal::RankMessage hello_message;
   internal::Hello* hello = hello_message.mutable_hello();
@@ -137,13 +150,26 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   hello->set_host(host);
+  hello->set_attach_proof(secret_.Proof(message.challenge().nonce(), *hello));
 
-  bool reconnect = true;
   if (stream->Write(hello_message)) {
     std::thread worker([this, &stream] { WorkerLoop(stream.get()); });
-    internal::CoordinatorMessage message;
     bool announced = false;
     while (stream->Read(&message)) {
+      if (message.has_reject()) {
+        if (message.reject().retryable()) {
+          spdlog::warn("rank {}: the coordinator cannot admit this rank yet ({}); dialing again",
+                       options_.rank, message.reject().reason());
+        } else {
+          spdlog::error(
+              "rank {}: the coordinator refused this rank: {} (this rank's config "
+              "digest is {})",
+              options_.rank, message.reject().reason(), options_.config.Digest());
+          *exit_code = 3;
+          reconnect = false;
+        }
+        break;
+      }
       if (!announced) {
         spdlog::info("rank {}: attached to coordinator {}", options_.rank, options_.coordinator);
         announced = true;
@@ -158,13 +184,7 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
         spdlog::info("rank {}: shutting down ({})", options_.rank, message.shutdown().reason());
         reconnect = false;
         break;
-      } else if (message.has_reject()) {
-        spdlog::error("rank {}: the coordinator refused this rank: {}", options_.rank,
-                      message.reject().reason());
-        *exit_code = 3;
-        reconnect = false;
-        break;
-      } else {
+      } else if (message.has_setup() || message.has_step()) {
         const int64_t received_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                         std::chrono::steady_clock::now().time_since_epoch())
                                         .count();

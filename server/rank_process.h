@@ -17,6 +17,7 @@
 #include "config/config.h"
 #include "engine/engine.h"
 #include "gcmoe/internal/v1/rank.grpc.pb.h"
+#include "server/attach_secret.h"
 #include "server/rank_io.h"
 
 namespace gcmoe::server {
@@ -25,19 +26,21 @@ struct RankProcessOptions {
   config::Config config;
   int rank = 0;
   std::string coordinator;  // address to dial
-  std::string instance;     // exchange segment names; empty = derived
   // serve's children: exit when the coordinator goes away instead of waiting for it to return.
   bool exit_with_coordinator = false;
 };
 
 class RankProcess {
  public:
-  // Builds the engine: loads and checks this rank's weights (the slow part of start-up).
+  // Reads the attach secret (server.rank_secret_file) and builds the engine: loads and checks this
+  // rank's weights (the slow part of start-up). The exchange segment's name is derived from the
+  // secret (AttachSecret::InstanceName), as the coordinator expects it.
   static Result<std::unique_ptr<RankProcess>> Create(const RankProcessOptions& options);
   ~RankProcess();
 
-  // Attaches and serves until Stop(), a Shutdown message, a Reject (exit code 3), or the loss of
-  // the coordinator with exit_with_coordinator. Returns the process exit code.
+  // Attaches and serves until Stop(), a Shutdown message, a final Reject (exit code 3), or the
+  // loss of the coordinator with exit_with_coordinator. A retryable Reject (the rank's
+  // predecessor still attached) dials again. Returns the process exit code.
   int Run();
   // Thread-safe, callable from a signal watcher.
   void Stop();
@@ -45,7 +48,7 @@ class RankProcess {
  private:
   using Stream = grpc::ClientReaderWriter<gcmoe::internal::v1::RankMessage,
                                           gcmoe::internal::v1::CoordinatorMessage>;
-  RankProcess() = default;
+  explicit RankProcess(AttachSecret secret) : secret_(std::move(secret)) {}
   // A message from the coordinator and when it arrived (the host's monotonic clock).
   struct Received {
     gcmoe::internal::v1::CoordinatorMessage message;
@@ -69,6 +72,7 @@ class RankProcess {
   std::unique_ptr<RankIo> io_;
   std::thread doorbell_;  // DoorbellLoop, while io_ is mapped
   std::atomic<bool> doorbell_stop_{false};
+  const AttachSecret secret_;
   std::unique_ptr<engine::Engine> engine_;
   engine::StepOutput output_;
   engine::StepStats stats_;

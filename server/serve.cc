@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/flags.h"
+#include "server/attach_secret.h"
 #include "server/command_config.h"
 #include "server/commands.h"
 #include "server/coordinator_server.h"
@@ -50,6 +51,19 @@ int RunServeCommand(int argc, char** argv) {
   if (Status s = SetupLogging(config->logging, "serve"); !s.ok()) {
     std::fprintf(stderr, "gcmoe serve: %s\n", s.message().c_str());
     return 1;
+  }
+  // Without a configured attach secret, serve makes one for this run: the coordinator and the
+  // ranks it spawns read it from a file only this user can open, never from a command line.
+  std::unique_ptr<PrivateSecretFile> secret_file;
+  if (config->server.rank_secret_file.empty()) {
+    auto created = PrivateSecretFile::Create();
+    if (!created.ok()) {
+      spdlog::error("serve: {}", created.status().message());
+      return 1;
+    }
+    secret_file = std::move(created).value();
+    config->server.rank_secret_file = secret_file->path();
+    overrides.push_back("server.rank_secret_file=" + secret_file->path());
   }
   spdlog::info("gcmoe serve: config {} (H={} I={} E={} top-{} layers={} shared={} weights={})",
                config->source, config->model.hidden, config->model.intermediate,

@@ -77,7 +77,8 @@ int RunValidate(int argc, char** argv) {
   flags.Repeated("set", &overrides, kSetHelp);
   flags.Bool("split", &split,
              "also check the config for split mode (`gcmoe coordinator` and `gcmoe rank` as\n"
-             "separate units): ranks need a fixed server.rank_listen port to attach to");
+             "separate units): ranks need a fixed server.rank_listen port to attach to, and\n"
+             "the coordinator and the ranks a server.rank_secret_file");
   flags.Positional("FILE...", "config files to check");
   if (int rc = flags.ParseOrExit(argc, argv, 2); rc >= 0) return rc;
   if (flags.positional().empty()) {

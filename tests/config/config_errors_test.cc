@@ -231,6 +231,14 @@ const BadConfig kBadConfigs[] = {
      "(mutual TLS), got \"\""},
     {"TokensFileNotAString", [](json& j) { j["server"]["auth"] = {{"tokens_file", 7}}; },
      "server.auth.tokens_file: expected a file path or \"\" (no authentication), got 7"},
+    {"RankSecretFileNotAString", [](json& j) { j["server"]["rank_secret_file"] = 7; },
+     "server.rank_secret_file: expected a file path or \"\" (gcmoe serve: one it creates), got "
+     "7"},
+    {"FailureIntervalTooShort", [](json& j) { j["logging"]["failure_interval_ms"] = 50; },
+     "logging.failure_interval_ms: expected an integer in 100..3600000 (milliseconds), got 50"},
+    {"FailuresPerIntervalNegative", [](json& j) { j["logging"]["failures_per_interval"] = -1; },
+     "logging.failures_per_interval: expected an integer in 0..100000 (0 = summaries only), got "
+     "-1"},
     {"IntegerBeyondInt64", [](json& j) { j["server"]["max_queue"] = 18446744073709551615ull; },
      "server.max_queue: expected a positive integer, got 18446744073709551615"},
     {"TopLevelNotAnObject",

@@ -103,6 +103,25 @@ class Manifests(unittest.TestCase):
                 r = subprocess.run(args, capture_output=True, text=True, timeout=60)
                 self.assertEqual(r.returncode, 0, f"{name}: {r.stderr}")
 
+    def test_split_processes_mount_the_attach_secret_the_config_names(self):
+        for name, docs in self.files.items():
+            secret_file = self.config_of(docs)["server"].get("rank_secret_file", "")
+            for doc in docs:
+                for template, _ in pod_templates(doc):
+                    spec = template["spec"]
+                    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+                    for c in spec["containers"]:
+                        if command_of(c) not in ("coordinator", "rank"):
+                            continue
+                        where = f"{name}/{c['name']}"
+                        mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
+                        self.assertIn(secret_file, mounts, where)
+                        secret = volumes[mounts[secret_file]["name"]]["secret"]
+                        # Root owns a Secret's files: the service reads it through its group.
+                        self.assertEqual(secret["defaultMode"], 0o440, where)
+                        self.assertEqual(spec["securityContext"]["fsGroup"],
+                                         spec["securityContext"]["runAsGroup"], where)
+
     def test_gpus_are_requested_for_every_rank(self):
         for name, docs in self.files.items():
             config = self.config_of(docs)

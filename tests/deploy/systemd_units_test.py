@@ -138,8 +138,12 @@ class SplitUnitsFromTheInstalledConfig(unittest.TestCase):
             # The units' command lines, on free ports so that tests may run side by side: both
             # sides get the same override, and the ranks get no --coordinator.
             rank_port = ops.free_port()
+            # The installed config names /etc/gcmoe/rank.secret; this install's is under workdir.
+            secret = os.path.join(workdir, "etc", "gcmoe", "rank.secret")
+            self.assertEqual(os.stat(secret).st_mode & 0o777, 0o600)
             common = ["--config", config, "--set", f"server.rank_listen=127.0.0.1:{rank_port}",
-                      "--set", "server.metrics_listen="]
+                      "--set", "server.metrics_listen=", "--set",
+                      f"server.rank_secret_file={secret}"]
             address_file = os.path.join(workdir, "address")
             for name, args in [
                     ("coordinator", ["coordinator", "--listen", "127.0.0.1:0", "--address-file",

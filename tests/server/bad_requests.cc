@@ -114,6 +114,28 @@ std::vector<BadRequest> BadRequestCatalogue(const engine::ModelSpec& spec, int m
          Poke<uint16_t>(r->mutable_hidden()->mutable_data(), 9, 0xFF80);
        },
        INVALID, "is Inf"},
+      // Finite but beyond the documented magnitudes (DESIGN.md §4): the layer would overflow.
+      {"huge activation 3e38",
+       [H](ForwardRequest* r) { Poke(r->mutable_hidden()->mutable_data(), 2 * H + 1, 3e38f); },
+       INVALID, "hidden: element [2, 1] is 3e+38, expected a magnitude of at most 2^32"},
+      {"activation just over 2^32",
+       [](ForwardRequest* r) { Poke(r->mutable_hidden()->mutable_data(), 4, -4.3e9f); }, INVALID,
+       "hidden: element [0, 4] is -4.3e+09"},
+      {"BF16 huge activation",
+       [bf16](ForwardRequest* r) {
+         *r = bf16;
+         Poke<uint16_t>(r->mutable_hidden()->mutable_data(), 6, 0x7F61);  // about 3e38
+       },
+       INVALID, "hidden: element [0, 6] is 2.99"},
+      {"FP8 activation huge through its scale",
+       [fp8](ForwardRequest* r) {
+         *r = fp8;
+         Poke<uint8_t>(r->mutable_hidden_scales()->mutable_data(), 0, 254);  // 2^127
+       },
+       INVALID, "with its scale, expected a magnitude of at most 2^32"},
+      {"routing weight 3e38",
+       [k](ForwardRequest* r) { Poke(r->mutable_topk_weights()->mutable_data(), k + 2, 3e38f); },
+       INVALID, "topk_weights: element [1, 2] is 3e+38, expected a magnitude of at most 2^16"},
       {"FP8 NaN code",
        [fp8](ForwardRequest* r) {
          *r = fp8;

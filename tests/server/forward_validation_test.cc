@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 
+#include "engine/numerics.h"
 #include "tests/server/bad_requests.h"
 #include "tests/server/service_harness.h"
 
@@ -73,6 +76,57 @@ TEST(ForwardValidationTest, ShardSizesAreContiguousAndBalanced) {
   EXPECT_EQ(ShardSizes(8, 4), (std::vector<int>{2, 2, 2, 2}));
   EXPECT_EQ(ShardSizes(10, 4), (std::vector<int>{3, 3, 2, 2}));
   EXPECT_EQ(ShardSizes(5, 1), (std::vector<int>{5}));
+}
+gcmoe::v1::Tensor OutputTensor(gcmoe::v1::DType dtype, const std::vector<float>& values, int cols) {
+  gcmoe::v1::Tensor t;
+  t.set_dtype(dtype);
+  t.add_shape(static_cast<int64_t>(values.size()) / cols);
+  t.add_shape(cols);
+  if (dtype == gcmoe::v1::FP32) {
+    t.set_data(values.data(), values.size() * 4);
+  } else {
+    std::vector<uint16_t> bits(values.size());
+    for (size_t i = 0; i < values.size(); ++i) bits[i] = numerics::FloatToBF16(values[i]);
+    t.set_data(bits.data(), bits.size() * 2);
+  }
+  return t;
+}
+
+TEST(ForwardValidationTest, AnOutputWithInfOrNanIsNeverValid) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const auto dtype : {gcmoe::v1::FP32, gcmoe::v1::BF16}) {
+    std::vector<float> values(3 * 8, 1.5f);
+    values[8 + 5] = -3e38f;  // finite in both dtypes
+    EXPECT_TRUE(ValidateForwardOutput(OutputTensor(dtype, values, 8)).ok());
+    values[2 * 8 + 3] = inf;
+    Status status = ValidateForwardOutput(OutputTensor(dtype, values, 8));
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("output: element [2, 3] is Inf"), std::string::npos)
+        << status.message();
+    values[1] = nan;
+    status = ValidateForwardOutput(OutputTensor(dtype, values, 8));
+    EXPECT_NE(status.message().find("output: element [0, 1] is NaN"), std::string::npos)
+        << status.message();
+  }
+}
+
+TEST(ForwardValidationTest, MagnitudesUpToTheBoundsAreAccepted) {
+  const engine::ModelSpec spec = DefaultModel();
+  RequestSpec r;
+  r.num_tokens = 4;
+  gcmoe::v1::ForwardRequest request = MakeForwardRequest(spec, r);
+  const float activation = kMaxActivationMagnitude;
+  const float weight = -kMaxRoutingWeightMagnitude;
+  std::memcpy(request.mutable_hidden()->mutable_data()->data() + 4 * 3, &activation, 4);
+  std::memcpy(request.mutable_topk_weights()->mutable_data()->data() + 4 * 1, &weight, 4);
+  ValidatedForward out;
+  EXPECT_TRUE(ValidateForward(request, Limits(spec, 2), &out).ok());
+  const float over = std::nextafter(kMaxActivationMagnitude, 1e38f);
+  std::memcpy(request.mutable_hidden()->mutable_data()->data() + 4 * 3, &over, 4);
+  const Status status = ValidateForward(request, Limits(spec, 2), &out);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("hidden: element [0, 3]"), std::string::npos) << status.message();
 }
 
 }  // namespace

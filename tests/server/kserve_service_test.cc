@@ -329,15 +329,18 @@ TEST_F(KServeServiceTest, MalformedRequestsNameTheInput) {
 // A coordinator with separately started ranks: a killed rank stays down until started again.
 TEST(KServeReadinessTest, ServerReadyIsFalseWhileARankIsDown) {
   const std::string address_file = TempPath("kserve_ready.coordinator.address");
+  const std::string secret = "server.rank_secret_file=" + WriteSecretFile("kserve_ready");
   auto coordinator = Process::Start({"coordinator", "--listen", "127.0.0.1:0", "--rank-listen",
-                                     "127.0.0.1:0", "--address-file", address_file},
+                                     "127.0.0.1:0", "--address-file", address_file, "--set",
+                                     "server.metrics_listen=", "--set", secret},
                                     TempPath("kserve_ready.coordinator.log"));
   auto lines = WaitForFile(address_file, milliseconds(20000));
   ASSERT_TRUE(lines && lines->size() >= 2) << coordinator->Log();
   const std::string address = (*lines)[0];
   auto start_rank = [&](int r) {
-    return Process::Start({"rank", "--rank", std::to_string(r), "--coordinator", (*lines)[1]},
-                          TempPath("kserve_ready.rank" + std::to_string(r) + ".log"));
+    return Process::Start(
+        {"rank", "--rank", std::to_string(r), "--coordinator", (*lines)[1], "--set", secret},
+        TempPath("kserve_ready.rank" + std::to_string(r) + ".log"));
   };
   EXPECT_FALSE(ServerReady(address)) << "ready before any rank attached";
   auto rank0 = start_rank(0);

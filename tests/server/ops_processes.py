@@ -22,6 +22,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+def secret_settings(directory):
+    """--set arguments naming a new rank attach secret in `directory` (mode 0600), for a
+    coordinator and ranks started apart (`gcmoe serve` makes its own)."""
+    path = os.path.join(directory, "rank.secret")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(os.urandom(32).hex() + "\n")
+    return ["--set", "server.rank_secret_file=" + path]
+
+
 def wait_for_lines(path, count, timeout_s, process=None, log_path=None):
     """The first `count` lines of `path` once it has them, else raises with the process log."""
     deadline = time.monotonic() + timeout_s

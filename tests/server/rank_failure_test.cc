@@ -18,51 +18,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A coordinator and its ranks started separately, as systemd or Kubernetes would.
-class SeparateProcesses {
- public:
-  explicit SeparateProcesses(const std::string& name, std::vector<std::string> extra = {})
-      : name_(name), extra_(std::move(extra)) {
-    const std::string address_file = TempPath(name + ".coordinator.address");
-    std::vector<std::string> args = {"coordinator", "--listen", "127.0.0.1:0", "--rank-listen",
-                                     "127.0.0.1:0", "--address-file", address_file, "--set",
-                                     "server.metrics_listen=127.0.0.1:0"};
-    args.insert(args.end(), extra_.begin(), extra_.end());
-    coordinator_ = Process::Start(args, TempPath(name + ".coordinator.log"));
-    auto lines = WaitForFile(address_file, milliseconds(20000));
-    if (!lines || lines->size() < 2) {
-      ADD_FAILURE() << "coordinator did not start:\n" << coordinator_->Log();
-      return;
-    }
-    address_ = (*lines)[0];
-    rank_address_ = (*lines)[1];
-    for (int r = 0; r < 2; ++r) StartRank(r);
-  }
-
-  void StartRank(int r) {
-    std::vector<std::string> args = {"rank", "--rank", std::to_string(r), "--coordinator",
-                                     rank_address_};
-    args.insert(args.end(), extra_.begin(), extra_.end());
-    ranks_[r] = Process::Start(args, TempPath(name_ + ".rank" + std::to_string(r) + ".log"));
-  }
-
-  const std::string& address() const { return address_; }
-  Process& rank(int r) { return *ranks_[r]; }
-  Process& coordinator() { return *coordinator_; }
-  std::string Logs() {
-    return "coordinator:\n" + coordinator_->Log() + "\nrank 0:\n" + ranks_[0]->Log() +
-           "\nrank 1:\n" + ranks_[1]->Log();
-  }
-
- private:
-  std::string name_;
-  std::vector<std::string> extra_;
-  std::unique_ptr<Process> coordinator_;
-  std::unique_ptr<Process> ranks_[2];
-  std::string address_;
-  std::string rank_address_;
-};
-
 grpc::Status CallForward(const std::string& address, int tokens, uint64_t seed,
                          gcmoe::v1::ForwardResponse* response,
                          milliseconds deadline = milliseconds(30000)) {

@@ -170,10 +170,61 @@ std::optional<Service> StartServe(const std::vector<std::string>& extra_args,
   return service;
 }
 
+std::string WriteSecretFile(const std::string& name) {
+  const std::string path = TempPath(name + ".secret");
+  unlink(path.c_str());
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  std::random_device random;
+  std::string text;
+  for (int i = 0; i < 32; ++i) text += "0123456789abcdef"[random() % 16];
+  text += "\n";
+  const bool written =
+      fd >= 0 && write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  if (fd >= 0) close(fd);
+  if (!written) ADD_FAILURE() << "cannot write the attach secret " << path;
+  return path;
+}
+
+SeparateProcesses::SeparateProcesses(const std::string& name, std::vector<std::string> extra,
+                                     int ranks)
+    : name_(name), extra_(std::move(extra)), ranks_(ranks) {
+  secret_file_ = WriteSecretFile(name);
+  extra_.push_back("--set");
+  extra_.push_back("server.rank_secret_file=" + secret_file_);
+  const std::string address_file = TempPath(name + ".coordinator.address");
+  std::vector<std::string> args = {"coordinator",  "--listen",       "127.0.0.1:0",
+                                   "--rank-listen", "127.0.0.1:0",   "--address-file",
+                                   address_file,    "--set",          "server.metrics_listen=127.0.0.1:0"};
+  args.insert(args.end(), extra_.begin(), extra_.end());
+  coordinator_ = Process::Start(args, TempPath(name + ".coordinator.log"));
+  auto lines = WaitForFile(address_file, milliseconds(20000));
+  if (!lines || lines->size() < 2) {
+    ADD_FAILURE() << "coordinator did not start:\n" << coordinator_->Log();
+    return;
+  }
+  address_ = (*lines)[0];
+  rank_address_ = (*lines)[1];
+  for (int r = 0; r < ranks; ++r) StartRank(r);
+}
+
+void SeparateProcesses::StartRank(int r) {
+  std::vector<std::string> args = {"rank", "--rank", std::to_string(r), "--coordinator",
+                                   rank_address_};
+  args.insert(args.end(), extra_.begin(), extra_.end());
+  ranks_[r] = Process::Start(args, TempPath(name_ + ".rank" + std::to_string(r) + ".log"));
+}
+
+std::string SeparateProcesses::Logs() {
+  std::string logs = "coordinator:\n" + coordinator_->Log();
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (ranks_[r]) logs += "\nrank " + std::to_string(r) + ":\n" + ranks_[r]->Log();
+  }
+  return logs;
+}
+
 engine::ModelSpec DefaultModel() { return ModelSpecFromConfig(config::DefaultConfig()); }
 
-gcmoe::v1::ForwardRequest MakeForwardRequest(const engine::ModelSpec& spec,
-                                             const RequestSpec& r) {
+gcmoe::v1::ForwardRequest MakeForwardRequest(const engine::ModelSpec& spec, const RequestSpec& r) {
   const int H = spec.hidden;
   const int k = spec.top_k;
   const int E = spec.num_experts;

@@ -66,6 +66,34 @@ struct Service {
 std::optional<Service> StartServe(const std::vector<std::string>& extra_args,
                                   const std::string& name, milliseconds timeout);
 
+// A fresh attach secret in a 0600 file of the test's temp directory (server.rank_secret_file).
+std::string WriteSecretFile(const std::string& name);
+
+// A coordinator and its ranks started separately, as systemd or Kubernetes would, sharing an
+// attach secret; `extra` goes to every process.
+class SeparateProcesses {
+ public:
+  explicit SeparateProcesses(const std::string& name, std::vector<std::string> extra = {},
+                             int ranks = 2);
+
+  void StartRank(int r);
+  const std::string& address() const { return address_; }
+  const std::string& rank_address() const { return rank_address_; }
+  const std::string& secret_file() const { return secret_file_; }
+  Process& rank(int r) { return *ranks_[r]; }
+  Process& coordinator() { return *coordinator_; }
+  std::string Logs();
+
+ private:
+  std::string name_;
+  std::vector<std::string> extra_;
+  std::string secret_file_;
+  std::unique_ptr<Process> coordinator_;
+  std::vector<std::unique_ptr<Process>> ranks_;
+  std::string address_;
+  std::string rank_address_;
+};
+
 // Random unit-scale activations, distinct experts per token (a slot in `unused_every` is -1).
 struct RequestSpec {
   int num_tokens = 8;

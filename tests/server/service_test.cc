@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 
@@ -218,6 +220,46 @@ TEST_F(ServiceTest, ASecondServiceOnTheSamePortFailsInsteadOfSharingIt) {
   EXPECT_NE(second->Log().find("cannot listen on " + service().address), std::string::npos)
       << second->Log();
   EXPECT_EQ(HealthStatus(service().address), "SERVING");
+}
+
+TEST_F(ServiceTest, InputsAtTheMagnitudeBoundsNeverReturnNonFiniteOutputs) {
+  ASSERT_TRUE(service_->has_value());
+  auto stub = Connect(service().address);
+  for (const auto output_dtype : {gcmoe::v1::FP32, gcmoe::v1::BF16}) {
+    RequestSpec r;
+    r.num_tokens = 8;
+    r.output_dtype = output_dtype;
+    gcmoe::v1::ForwardRequest request = MakeForwardRequest(DefaultModel(), r);
+    // Every activation at +-2^32, every routing weight at 2^16: accepted, and then either a
+    // finite output or an error naming the output, never OK with Inf or NaN.
+    std::string* hidden = request.mutable_hidden()->mutable_data();
+    for (size_t i = 0; i < hidden->size() / 4; ++i) {
+      const float v = i % 3 == 0 ? -4294967296.0f : 4294967296.0f;
+      std::memcpy(hidden->data() + 4 * i, &v, 4);
+    }
+    std::string* weights = request.mutable_topk_weights()->mutable_data();
+    for (size_t i = 0; i < weights->size() / 4; ++i) {
+      const float w = 65536.0f;
+      std::memcpy(weights->data() + 4 * i, &w, 4);
+    }
+    gcmoe::v1::ForwardResponse response;
+    grpc::ClientContext context;
+    const grpc::Status status = stub->Forward(&context, request, &response);
+    if (status.ok()) {
+      for (const double y : OutputAsDoubles(response)) ASSERT_TRUE(std::isfinite(y));
+    } else {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+      EXPECT_EQ(status.error_message().rfind("output: element", 0), 0u) << status.error_message();
+    }
+    // Past the bound: refused before any rank sees it.
+    const float huge = 3e38f;
+    std::memcpy(hidden->data(), &huge, 4);
+    grpc::ClientContext refused_context;
+    const grpc::Status refused = stub->Forward(&refused_context, request, &response);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(refused.error_message().find("hidden: element [0, 0] is 3e+38"), std::string::npos)
+        << refused.error_message();
+  }
 }
 
 TEST(ServiceRanksTest, SameRequestIsBitIdenticalThroughOneTwoAndFourRanks) {

@@ -115,7 +115,8 @@ class Notify(unittest.TestCase):
         address_file = os.path.join(self.workdir, "address")
         process = start_under_fake_systemd(
             [ARGS.gcmoe, "coordinator", "--listen", "127.0.0.1:0", "--rank-listen",
-             "127.0.0.1:0", "--address-file", address_file, "--set", "server.metrics_listen="],
+             "127.0.0.1:0", "--address-file", address_file, "--set", "server.metrics_listen="] +
+            ops.secret_settings(self.workdir),
             self.fake, os.path.join(self.workdir, "coordinator.log"))
         try:
             _, pid, text = self.fake.wait_for("READY=1", 60)

@@ -301,15 +301,17 @@ class RankPortMutualTls(unittest.TestCase):
             return log.name
 
         try:
+            # Every process holds the attach secret: the rogue differs in its certificate only.
+            secret = ops.secret_settings(workdir)
             address_file = os.path.join(workdir, "coordinator.address")
             start("coordinator", ["coordinator", "--listen", "127.0.0.1:0", "--rank-listen",
                                   "127.0.0.1:0", "--address-file", address_file, "--set",
-                                  "server.metrics_listen="] + pki.rank_settings())
+                                  "server.metrics_listen="] + pki.rank_settings() + secret)
             address, rank_address = ops.wait_for_lines(address_file, 2, 60)
             start("rank0", ["rank", "--rank", "0", "--coordinator", rank_address] +
-                  pki.rank_settings())
+                  pki.rank_settings() + secret)
             rogue_log = start("rogue", ["rank", "--rank", "1", "--coordinator", rank_address] +
-                              pki.rank_settings("rogue-rank"))
+                              pki.rank_settings("rogue-rank") + secret)
             channel = grpc.insecure_channel(address)
             time.sleep(5)
             with open(os.path.join(workdir, "coordinator.log")) as f:
@@ -325,7 +327,7 @@ class RankPortMutualTls(unittest.TestCase):
             processes[-1][0].terminate()
             processes[-1][0].wait(timeout=30)
             start("rank1", ["rank", "--rank", "1", "--coordinator", rank_address] +
-                  pki.rank_settings())
+                  pki.rank_settings() + secret)
             deadline = time.monotonic() + 60
             while ops.health(channel) != (grpc.StatusCode.OK, ops.HEALTH_SERVING):
                 if time.monotonic() > deadline:

@@ -88,27 +88,31 @@ TEST(ConfigCommand, ValidateAppliesOverridesAndChecksEveryFile) {
   EXPECT_THAT(ok.out, HasSubstr("balancer on (ring)"));
 }
 
-TEST(ConfigCommand, ValidateSplitRefusesAnyPortForTheRankAttach) {
-  // The examples serve with `gcmoe serve`, whose ranks learn the bound port from it; split
-  // units start ranks apart, and they only have the config to find the coordinator.
+TEST(ConfigCommand, ValidateSplitRefusesAnyPortForTheRankAttachAndNoSecret) {
+  // The examples serve with `gcmoe serve`, whose ranks learn the bound port and the attach
+  // secret from it; split units start ranks apart, and they only have the config.
   const std::string path = Example("tiny-cpu.json");
   const CommandResult r = RunConfig({"validate", "--split", path});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, path +
-                       ": invalid (1 problem)\n"
+                       ": invalid (2 problems)\n"
                        "  server.rank_listen: expected a fixed port in split mode (ranks started "
                        "apart read it from the config to attach), e.g. \"127.0.0.1:50052\", "
-                       "got \"127.0.0.1:0\" (port 0: any free port)\n");
+                       "got \"127.0.0.1:0\" (port 0: any free port)\n"
+                       "  server.rank_secret_file: expected the attach secret's file in split "
+                       "mode (the coordinator and every rank read it; only `gcmoe serve` makes "
+                       "one of its own), e.g. \"/etc/gcmoe/rank.secret\", got \"\"\n");
   EXPECT_EQ(RunConfig({"validate", path}).exit_code, 0);
 
-  const CommandResult wildcard =
-      RunConfig({"validate", "--split", path, "--set", "server.rank_listen=0.0.0.0:50052"});
+  const std::string secret = "server.rank_secret_file=/etc/gcmoe/rank.secret";
+  const CommandResult wildcard = RunConfig({"validate", "--split", path, "--set",
+                                            "server.rank_listen=0.0.0.0:50052", "--set", secret});
   EXPECT_EQ(wildcard.exit_code, 1);
   EXPECT_THAT(wildcard.err, HasSubstr("server.coordinator: expected the host:port ranks dial "
                                       "in split mode when server.rank_listen is a wildcard "
                                       "address (0.0.0.0:50052), got \"\""));
-  const CommandResult fixed =
-      RunConfig({"validate", "--split", path, "--set", "server.rank_listen=127.0.0.1:50052"});
+  const CommandResult fixed = RunConfig({"validate", "--split", path, "--set",
+                                         "server.rank_listen=127.0.0.1:50052", "--set", secret});
   EXPECT_EQ(fixed.exit_code, 0) << fixed.err;
 }
 
