@@ -129,5 +129,42 @@ TEST(ForwardValidationTest, MagnitudesUpToTheBoundsAreAccepted) {
   EXPECT_NE(status.message().find("hidden: element [0, 3]"), std::string::npos) << status.message();
 }
 
+// The checks scan every value in one vectorized pass and name a value only when that pass finds
+// one out of bounds: the bounds are exact in every dtype, right at the limit.
+TEST(ForwardValidationTest, BoundsAreExactInBf16AndFp8) {
+  const engine::ModelSpec spec = DefaultModel();
+  ValidatedForward out;
+  RequestSpec r;
+  r.num_tokens = 4;
+  r.dtype = gcmoe::v1::BF16;
+  gcmoe::v1::ForwardRequest bf16 = MakeForwardRequest(spec, r);
+  auto poke16 = [&bf16](int index, uint16_t bits) {
+    std::memcpy(bf16.mutable_hidden()->mutable_data()->data() + 2 * index, &bits, 2);
+  };
+  poke16(spec.hidden + 5, 0xCF80);  // -2^32
+  EXPECT_TRUE(ValidateForward(bf16, Limits(spec, 2), &out).ok());
+  poke16(spec.hidden + 5, 0xCF81);  // the next BF16 below it
+  Status status = ValidateForward(bf16, Limits(spec, 2), &out);
+  EXPECT_NE(status.message().find("hidden: element [1, 5] is -4.3"), std::string::npos)
+      << status.message();
+
+  r.dtype = gcmoe::v1::FP8_E4M3;
+  gcmoe::v1::ForwardRequest fp8 = MakeForwardRequest(spec, r);
+  uint8_t* codes = reinterpret_cast<uint8_t*>(fp8.mutable_hidden()->mutable_data()->data());
+  uint8_t* scales = reinterpret_cast<uint8_t*>(fp8.mutable_hidden_scales()->mutable_data()->data());
+  // Block 0 of token 0: E4M3 448 (0x7E) under scale 2^23 is 3.76e9 <= 2^32.
+  codes[7] = 0x7E;
+  scales[0] = 127 + 23;
+  EXPECT_TRUE(ValidateForward(fp8, Limits(spec, 2), &out).ok());
+  // Under 2^24 the block's largest code decides: 1.0 gives 2^24 (fine), 448 gives 7.5e9.
+  scales[0] = 127 + 24;
+  for (int i = 0; i < 32; ++i) codes[i] = 0x38;  // E4M3 1.0
+  EXPECT_TRUE(ValidateForward(fp8, Limits(spec, 2), &out).ok());
+  codes[7] = 0x7E;
+  status = ValidateForward(fp8, Limits(spec, 2), &out);
+  EXPECT_NE(status.message().find("hidden: element [0, 7] decodes to 7.5"), std::string::npos)
+      << status.message();
+}
+
 }  // namespace
 }  // namespace gcmoe::server::testing
