@@ -31,12 +31,15 @@ class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
   grpc::Status Echo(grpc::ServerContext* context, const gcmoe::v1::ForwardRequest* request,
                     gcmoe::v1::ForwardResponse* response) override;
 
+  // OK without server.auth.tokens_file; else the token check, a refusal logged with the peer.
+  // Public for the other services of the port (KServe) that the tokens also guard.
+  grpc::Status Authenticate(const grpc::ServerContext& context) const;
+
  private:
   // One Forward, for the unary call and for each message of a stream: validation, the
   // coordinator, stats, metrics and logs. On failure `response` is cleared.
   Status RunForward(grpc::ServerContext* context, const gcmoe::v1::ForwardRequest& request,
                     gcmoe::v1::ForwardResponse* response);
-  grpc::Status Authenticate(const grpc::ServerContext& context) const;
 
   const config::Config config_;
   const int64_t max_message_bytes_;
