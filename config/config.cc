@@ -101,6 +101,7 @@ ordered_json ServerJson(const ServerConfig& s) {
   j["rank_listen"] = s.rank_listen;
   j["coordinator"] = s.coordinator;
   j["max_message_bytes"] = s.max_message_bytes;
+  j["receive_quota_bytes"] = s.receive_quota_bytes;
   j["default_deadline_ms"] = s.default_deadline_ms;
   j["max_queue"] = s.max_queue;
   j["startup_timeout_ms"] = s.startup_timeout_ms;

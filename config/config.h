@@ -137,6 +137,10 @@ struct ServerConfig {
   std::string rank_listen = "127.0.0.1:0";  // server.rank_listen: where ranks attach (0 = any)
   std::string coordinator;                  // server.coordinator: address ranks dial
   int64_t max_message_bytes = 0;            // server.max_message_bytes: 0 = derived from capacity
+  // server.receive_quota_bytes: what the public port's transport may hold of requests still
+  // streaming in, all connections together; a call beyond it is refused while it arrives.
+  // 0 = max(2 x the message limit, 256 MiB): room for dozens of full-size calls in flight.
+  int64_t receive_quota_bytes = 0;
   int default_deadline_ms = 30000;          // server.default_deadline_ms: when the client sets none
   int max_queue = 64;               // server.max_queue: Forward calls waiting for the engine
   int startup_timeout_ms = 120000;  // server.startup_timeout_ms: ranks must be ready by then

@@ -244,6 +244,11 @@ void ReadServer(ObjectReader r, ServerConfig* s) {
            .max = INT32_MAX,
            .expected = "0 (derived from capacity) or a byte count up to 2147483647"},
           &s->max_message_bytes);
+  r.Int64("receive_quota_bytes",
+          {.min = 0,
+           .max = int64_t{1} << 40,
+           .expected = "0 (2 x the message limit, at least 256 MiB) or a byte count up to 2^40"},
+          &s->receive_quota_bytes);
   r.Int("default_deadline_ms", kPositiveMs, &s->default_deadline_ms);
   r.Int("max_queue", kPositive, &s->max_queue);
   r.Int("startup_timeout_ms", kPositiveMs, &s->startup_timeout_ms);

@@ -30,6 +30,11 @@ int64_t MaxMessageBytes(const config::Config& config) {
   return std::max(request, response) + (1 << 20);
 }
 
+int64_t ReceiveQuotaBytes(const config::Config& config, int64_t max_message_bytes) {
+  if (config.server.receive_quota_bytes > 0) return config.server.receive_quota_bytes;
+  return std::max<int64_t>(2 * max_message_bytes, int64_t{256} << 20);
+}
+
 Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config::Config& config) {
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->config_ = config;
@@ -145,9 +150,9 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
     builder.AddListeningPort(config.server.listen, public_credentials, &public_port);
     // gRPC grants a stream the window its message header asks for and checks the size only once
     // the whole message is in: the quota is what refuses oversize calls while they stream in
-    // (RESOURCE_EXHAUSTED) and bounds what concurrent ones hold, at twice the message limit.
+    // (RESOURCE_EXHAUSTED) and bounds what concurrent ones hold.
     grpc::ResourceQuota quota("gcmoe-public-api");
-    quota.Resize(static_cast<size_t>(2 * max_bytes));
+    quota.Resize(static_cast<size_t>(ReceiveQuotaBytes(config, max_bytes)));
     builder.SetResourceQuota(quota);
     builder.SetMaxReceiveMessageSize(static_cast<int>(max_bytes));
     builder.SetMaxSendMessageSize(static_cast<int>(max_bytes));

@@ -27,6 +27,9 @@ namespace gcmoe::server {
 // Largest message the service accepts or sends: the configured value, or one that fits the
 // largest batch (FP32 activations of max_tokens tokens, their routing, the FP32 output).
 int64_t MaxMessageBytes(const config::Config& config);
+// What the public port's transport may hold of requests streaming in (server.receive_quota_bytes,
+// or its default from the message limit).
+int64_t ReceiveQuotaBytes(const config::Config& config, int64_t max_message_bytes);
 
 class CoordinatorServer {
  public:

@@ -48,17 +48,19 @@ grpc::Status KServeServiceImpl::ModelReady(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status KServeServiceImpl::ServerMetadata(grpc::ServerContext*,
+grpc::Status KServeServiceImpl::ServerMetadata(grpc::ServerContext* context,
                                                const inference::ServerMetadataRequest*,
                                                inference::ServerMetadataResponse* response) {
+  if (grpc::Status status = moe_service_->Authenticate(*context); !status.ok()) return status;
   response->set_name("gcmoe");
   response->set_version(GCMOE_VERSION);
   return grpc::Status::OK;
 }
 
-grpc::Status KServeServiceImpl::ModelMetadata(grpc::ServerContext*,
+grpc::Status KServeServiceImpl::ModelMetadata(grpc::ServerContext* context,
                                               const inference::ModelMetadataRequest* request,
                                               inference::ModelMetadataResponse* response) {
+  if (grpc::Status status = moe_service_->Authenticate(*context); !status.ok()) return status;
   const Status status = CheckKServeModel("name", request->name(),
                                          request->has_version() ? &request->version() : nullptr);
   if (!status.ok()) return ToGrpcStatus(status);
@@ -85,6 +87,8 @@ grpc::Status KServeServiceImpl::ModelMetadata(grpc::ServerContext*,
 grpc::Status KServeServiceImpl::ModelInfer(grpc::ServerContext* context,
                                            const inference::ModelInferRequest* request,
                                            inference::ModelInferResponse* response) {
+  // Before the request is read: a caller without a token learns nothing from the validation.
+  if (grpc::Status status = moe_service_->Authenticate(*context); !status.ok()) return status;
   gcmoe::v1::ForwardRequest forward;
   const Status status = ToForwardRequest(*request, &forward);
   if (!status.ok()) {

@@ -1,7 +1,9 @@
 // inference.GRPCInferenceService: the Open Inference Protocol (KServe v2) front door, served
 // beside gcmoe.v1.MoeService on the same port. One model, "gcmoe" version "1": ModelInfer runs
 // the same Forward as MoeService (same validation, queue, deadlines and statistics), so its
-// output bytes are Forward's.
+// output bytes are Forward's. With server.auth.tokens_file, ModelInfer and the metadata calls need
+// the bearer token as MoeService's calls do; ServerLive, ServerReady and ModelReady are the
+// protocol's health probes and stay open, like grpc.health.v1.
 #pragma once
 
 #include "config/config.h"

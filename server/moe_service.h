@@ -38,6 +38,10 @@ class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
   grpc::Status Echo(grpc::ServerContext* context, const gcmoe::v1::ForwardRequest* request,
                     gcmoe::v1::ForwardResponse* response) override;
 
+  // OK without server.auth.tokens_file; else the token check, a refusal logged with the peer.
+  // Public for the other services of the port (KServe) that the tokens also guard.
+  grpc::Status Authenticate(const grpc::ServerContext& context) const;
+
  private:
   // One Forward, for the unary call and for each message of a stream: request id, validation,
   // the coordinator, the output check, stats, metrics and logs. The call's id (the request_id
@@ -46,7 +50,6 @@ class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
   Status RunForward(grpc::ServerContext* context, const gcmoe::v1::ForwardRequest& request,
                     std::optional<std::string_view> request_id_header,
                     std::string* request_id_out, gcmoe::v1::ForwardResponse* response);
-  grpc::Status Authenticate(const grpc::ServerContext& context) const;
 
   const config::Config config_;
   const int64_t max_message_bytes_;

@@ -21,9 +21,12 @@ const DefaultMaxMessageBytes = 256 << 20
 
 // Options of a connection. The zero value is plaintext, no token, the default message limit.
 type Options struct {
-	// Credentials for TLS (e.g. credentials.NewClientTLSFromFile); nil is plaintext.
+	// Credentials for TLS: TLSCredentials(TLSFiles{...}) for a private CA, a client certificate
+	// (mTLS) or another server name, or any credentials.TransportCredentials; nil is plaintext.
 	Credentials credentials.TransportCredentials
-	// Token, when set, is sent as "authorization: Bearer <token>" with every call.
+	// Token, when set, is sent as "authorization: Bearer <token>" with every call. It needs
+	// Credentials: Dial refuses a token on a plaintext connection, where it would cross the
+	// network in the clear.
 	Token string
 	// MaxMessageBytes is the send and receive limit; 0 is DefaultMaxMessageBytes.
 	MaxMessageBytes int
@@ -91,17 +94,15 @@ func IsCode(err error, code codes.Code) bool {
 	return errors.As(err, &e) && e.Code == code
 }
 
-type bearerToken struct {
-	token  string
-	secure bool
-}
+// bearerToken is the Options.Token of every call, as per-RPC credentials.
+type bearerToken string
 
 func (b bearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + b.token}, nil
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
 }
 
-// A token travels in plaintext only on a plaintext connection the caller chose.
-func (b bearerToken) RequireTransportSecurity() bool { return b.secure }
+// gRPC then sends the token only on a connection whose handshake gave privacy and integrity.
+func (bearerToken) RequireTransportSecurity() bool { return true }
 
 // Dial connects to addr ("host:port"). The connection is made lazily; ctx bounds only the dial.
 func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
@@ -118,8 +119,11 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 		dial = append(dial, grpc.WithInsecure())
 	}
 	if opts.Token != "" {
-		dial = append(dial, grpc.WithPerRPCCredentials(
-			bearerToken{token: opts.Token, secure: opts.Credentials != nil}))
+		if opts.Credentials == nil {
+			return nil, fmt.Errorf("gcmoe: dial %s: Options.Token needs TLS Options.Credentials "+
+				"(a token on a plaintext connection crosses the network in the clear)", addr)
+		}
+		dial = append(dial, grpc.WithPerRPCCredentials(bearerToken(opts.Token)))
 	}
 	conn, err := grpc.DialContext(ctx, addr, append(dial, opts.DialOptions...)...)
 	if err != nil {

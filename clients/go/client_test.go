@@ -29,7 +29,8 @@ type service struct {
 	process *exec.Cmd
 }
 
-func startServe(t *testing.T) *service {
+// startServe starts `gcmoe serve` with the embedded default model and the given extra flags.
+func startServe(t *testing.T, extra ...string) *service {
 	t.Helper()
 	binary := os.Getenv("GCMOE_BINARY")
 	if binary == "" {
@@ -43,6 +44,7 @@ func startServe(t *testing.T) *service {
 	}
 	cmd := exec.Command(binary, "serve", "--listen", "127.0.0.1:0", "--address-file", addressFile,
 		"--set", "server.rank_listen=127.0.0.1:0", "--set", "server.metrics_listen=")
+	cmd.Args = append(cmd.Args, extra...)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s serve: %v", binary, err)
@@ -145,18 +147,36 @@ func request(tokens, hidden, experts, topK int, seed int64) ([]float32, Routing)
 	return x, routing
 }
 
-// cppForward sends the request saved in dir with `gcmoe client forward` and returns the bytes
-// of the float32 output it saved.
-func cppForward(t *testing.T, s *service, dir, dtype, outputDtype string, layer int) []byte {
+// cppForward sends the request saved in dir with `gcmoe client forward` (and the extra
+// connection flags) and returns the bytes of the float32 output it saved.
+func cppForward(t *testing.T, s *service, dir, dtype, outputDtype string, layer int,
+	extra ...string) []byte {
 	t.Helper()
 	out := filepath.Join(dir, "cpp_"+dtype+"_"+outputDtype+".npy")
 	cmd := exec.Command(s.binary, "client", "forward", "--addr", s.addr, "--input", dir,
 		"--layer", fmt.Sprint(layer), "--dtype", dtype, "--output-dtype", outputDtype,
 		"--requests", "1", "--warmup", "0", "--save", out)
+	cmd.Args = append(cmd.Args, extra...)
 	if text, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v: %v\n%s", cmd.Args, err, text)
 	}
 	return readNpyData(t, out)
+}
+
+// saveRequest writes the request as the .npy files `gcmoe client forward --input DIR` reads
+// and returns DIR.
+func saveRequest(t *testing.T, hidden []float32, shape Shape, routing Routing) string {
+	t.Helper()
+	dir := t.TempDir()
+	writeNpy(t, filepath.Join(dir, "hidden.npy"), "<f4", shape, float32Bytes(hidden))
+	ids := make([]byte, 4*len(routing.IDs))
+	for i, id := range routing.IDs {
+		binary.LittleEndian.PutUint32(ids[4*i:], uint32(id))
+	}
+	routingShape := Shape{shape[0], routing.TopK}
+	writeNpy(t, filepath.Join(dir, "topk_ids.npy"), "<i4", routingShape, ids)
+	writeNpy(t, filepath.Join(dir, "topk_weights.npy"), "<f4", routingShape, float32Bytes(routing.Weights))
+	return dir
 }
 
 func TestAgainstARealService(t *testing.T) {
@@ -179,14 +199,7 @@ func TestAgainstARealService(t *testing.T) {
 	H, E, k := int(info.GetHidden()), int(info.GetExperts()), int(info.GetTopK())
 	const T, layer = 24, 1
 	hidden, routing := request(T, H, E, k, 7)
-	dir := t.TempDir()
-	writeNpy(t, filepath.Join(dir, "hidden.npy"), "<f4", Shape{T, H}, float32Bytes(hidden))
-	ids := make([]byte, 4*len(routing.IDs))
-	for i, id := range routing.IDs {
-		binary.LittleEndian.PutUint32(ids[4*i:], uint32(id))
-	}
-	writeNpy(t, filepath.Join(dir, "topk_ids.npy"), "<i4", Shape{T, k}, ids)
-	writeNpy(t, filepath.Join(dir, "topk_weights.npy"), "<f4", Shape{T, k}, float32Bytes(routing.Weights))
+	dir := saveRequest(t, hidden, Shape{T, H}, routing)
 
 	t.Run("FP32 in, FP32 out", func(t *testing.T) {
 		out, err := client.ForwardFloat32(ctx, layer, hidden, Shape{T, H}, routing, ForwardOptions{OutputFP32: true})

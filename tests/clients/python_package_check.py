@@ -1,6 +1,9 @@
 """Integration-test driver of the installed gcmoe Python package (run by python_package_test).
 
     python python_package_check.py forward --addr HOST:PORT --out DIR [--tokens T] [--layer L]
+                                           [TLS and token options]
+    python python_package_check.py auth --addr HOST:PORT --tls-ca CA --token-file F [--tls-cert
+                                        C --tls-key K]
     python python_package_check.py stream --addr HOST:PORT [--tokens T] [--layer L]
     python python_package_check.py fp8 --input X.npy --out DIR
 
@@ -10,7 +13,13 @@ errors) and saves every input and output as .npy for the C++ test to check again
 reference. stream: sends requests of several sizes, layers and dtypes through the ForwardStream
 of both clients (one at a time, pipelined, from several threads or tasks, with bad requests in
 the middle) and requires every output byte for byte equal to unary Forward's for the same request,
-every bad request its typed error, and the stream to go on after it. fp8: encodes X [N, 32m] with
+every bad request its typed error, and the stream to go on after it. TLS and token options
+(--tls-ca, --tls-cert, --tls-key, --tls-server-name, --token-file) give forward's clients a
+gcmoe.TLS and a token. auth: against a service on TLS with a tokens file (and client certificates
+required when --tls-cert is given), checks what the connection options do: calls without the
+token, with a wrong one, over plaintext, with a wrong server name or without the client
+certificate fail with their typed errors and the server's message; the CA as bytes and a server
+name override connect. fp8: encodes X [N, 32m] with
 gcmoe.numerics.quantize_fp8 and saves the E4M3 codes and UE8M0 scales (as int32) for the C++ test
 to compare with the server's quantizer.
 """
@@ -65,8 +74,8 @@ def expect_error(call, error_type, words):
     fail(f"expected {error_type.__name__}, the call succeeded")
 
 
-def check_sync(addr, hidden, ids, weights, layer, out):
-    with gcmoe.Client(addr, timeout=30.0) as client:
+def check_sync(connect, hidden, ids, weights, layer, out):
+    with gcmoe.Client(**connect, timeout=30.0) as client:
         info = client.info()
         if info.version != gcmoe.__version__:
             fail(f"package version {gcmoe.__version__} != server version {info.version}")
@@ -96,8 +105,8 @@ def check_sync(addr, hidden, ids, weights, layer, out):
                      gcmoe.InvalidArgumentError, "topk_ids")
 
 
-async def check_async(addr, hidden, ids, weights, layer, out):
-    async with gcmoe.aio.Client(addr, timeout=30.0) as client:
+async def check_async(connect, hidden, ids, weights, layer, out):
+    async with gcmoe.aio.Client(**connect, timeout=30.0) as client:
         info = await client.info()
         if info.version != gcmoe.__version__:
             fail(f"aio: package version {gcmoe.__version__} != server version {info.version}")
@@ -304,15 +313,34 @@ def check_typing_files():
     """The package ships its .pyi files (hand-written and protoc's) and the py.typed marker."""
     root = os.path.dirname(gcmoe.__file__)
     for name in ("__init__.pyi", "client.pyi", "aio.pyi", "stream.pyi", "numerics.pyi",
-                 "errors.pyi", "tensors.pyi", "py.typed", os.path.join("v1", "moe_pb2.pyi")):
+                 "channel.pyi", "errors.pyi", "tensors.pyi", "py.typed",
+                 os.path.join("v1", "moe_pb2.pyi")):
         if not os.path.isfile(os.path.join(root, name)):
             fail(f"the installed package has no {name}")
+
+
+def read_token(path):
+    """The first line of a tokens file that is not blank or a '#' comment."""
+    with open(path) as f:
+        return next(line.strip() for line in f if line.strip() and not line.startswith("#"))
+
+
+def connection(args):
+    """gcmoe.Client's arguments from the command line: the address, TLS and the token."""
+    connect = dict(addr=args.addr)
+    if args.tls_ca:
+        connect["tls"] = gcmoe.TLS(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
+                                   server_name=args.tls_server_name)
+    if args.token_file:
+        connect["token"] = read_token(args.token_file)
+    return connect
 
 
 def forward(args):
     os.makedirs(args.out, exist_ok=True)
     check_typing_files()
-    with gcmoe.Client(args.addr) as client:
+    connect = connection(args)
+    with gcmoe.Client(**connect) as client:
         info = client.info(timeout=10.0)
     hidden, ids, weights = random_inputs(info, args.tokens, args.seed)
     np.save(os.path.join(args.out, "hidden.npy"), hidden)
@@ -320,9 +348,96 @@ def forward(args):
             numerics.bf16_bits_to_float32(numerics.float32_to_bf16_bits(hidden)))
     np.save(os.path.join(args.out, "topk_ids.npy"), ids)
     np.save(os.path.join(args.out, "topk_weights.npy"), weights)
-    check_sync(args.addr, hidden, ids, weights, args.layer, args.out)
-    asyncio.run(check_async(args.addr, hidden, ids, weights, args.layer, args.out))
+    check_sync(connect, hidden, ids, weights, args.layer, args.out)
+    asyncio.run(check_async(connect, hidden, ids, weights, args.layer, args.out))
     print(f"python_package_check: gcmoe {gcmoe.__version__}: outputs saved to {args.out}")
+
+
+def expect_unauthenticated(what, call, words):
+    """`call` (a function returning a coroutine when awaited is needed) raises
+    gcmoe.UnauthenticatedError whose message holds the server's `words`."""
+    try:
+        result = call()
+        if asyncio.iscoroutine(result):
+            asyncio.run(result)
+    except gcmoe.UnauthenticatedError as error:
+        if error.code != grpc.StatusCode.UNAUTHENTICATED or words not in error.message:
+            fail(f"{what}: {error!r} does not carry the server's {words!r}")
+        return
+    except gcmoe.GcmoeError as error:
+        fail(f"{what}: expected UnauthenticatedError, got {type(error).__name__}: {error}")
+    fail(f"{what}: the call succeeded")
+
+
+def expect_unreachable(what, **connect):
+    """A client made with `connect` cannot reach the service: UnavailableError."""
+    try:
+        with gcmoe.Client(**connect, timeout=5.0) as client:
+            client.info()
+    except gcmoe.UnavailableError:
+        return
+    except gcmoe.GcmoeError as error:
+        fail(f"{what}: expected UnavailableError, got {type(error).__name__}: {error}")
+    fail(f"{what}: the call succeeded")
+
+
+async def aio_info(connect):
+    async with gcmoe.aio.Client(**connect, timeout=30.0) as client:
+        return await client.info()
+
+
+def auth(args):
+    connect = connection(args)
+    token = connect["token"]
+    tls = connect["tls"]
+    with gcmoe.Client(**connect, timeout=30.0) as client:
+        info = client.info()
+        hidden, ids, weights = random_inputs(info, 5, args.seed)
+        want = client.forward(hidden, ids, weights, output_dtype="fp32")
+
+    missing = 'no "authorization: Bearer TOKEN" metadata'
+    wrong = "not one of server.auth.tokens_file's"
+    anonymous = dict(connect, token=None)
+    impostor = dict(connect, token="not-" + token)
+    for what, kwargs, words in (("no token", anonymous, missing),
+                                ("a wrong token", impostor, wrong)):
+        with gcmoe.Client(**kwargs, timeout=30.0) as client:
+            expect_unauthenticated(f"info with {what}", client.info, words)
+            expect_unauthenticated(f"forward with {what}",
+                                   lambda: client.forward(hidden, ids, weights), words)
+            with client.forward_stream(timeout=30.0) as stream:
+                expect_unauthenticated(f"forward_stream with {what}",
+                                       lambda: stream.forward(hidden, ids, weights), words)
+        expect_unauthenticated(f"aio info with {what}", lambda: aio_info(kwargs), words)
+
+    # The CA as bytes instead of a path; the name the certificate carries instead of the
+    # address's IP.
+    with open(args.tls_ca, "rb") as f:
+        ca = f.read()
+    named = gcmoe.TLS(ca=ca, cert=args.tls_cert, key=args.tls_key, server_name="localhost")
+    with gcmoe.Client(args.addr, tls=named, token=token, timeout=30.0) as client:
+        if not np.array_equal(client.forward(hidden, ids, weights, output_dtype="fp32"), want):
+            fail("the same request over a TLS(ca=bytes, server_name=...) connection differs")
+    misnamed = gcmoe.TLS(ca=ca, cert=args.tls_cert, key=args.tls_key,
+                         server_name="gcmoe.example")
+    expect_unreachable("a server name the certificate does not carry", addr=args.addr,
+                       tls=misnamed, token=token)
+    expect_unreachable("plaintext", addr=args.addr, token=token)
+    expect_unreachable("the system's roots, not the test CA", addr=args.addr, tls=True,
+                       token=token)
+    if args.tls_cert:
+        expect_unreachable("no client certificate (mTLS)", addr=args.addr,
+                           tls=gcmoe.TLS(ca=ca), token=token)
+    try:
+        gcmoe.TLS(ca=ca, cert=args.tls_cert or args.tls_ca)
+    except ValueError as error:
+        if "cert and key go together" not in str(error):
+            fail(f"TLS(cert without key): {error}")
+    else:
+        fail("TLS(cert without key) was accepted")
+    mtls = " with client certificates" if args.tls_cert else ""
+    print(f"python_package_check: tokens and TLS{mtls} refused and accepted as they should "
+          f"({tls!r})")
 
 
 def fp8(args):
@@ -338,6 +453,14 @@ def fp8(args):
     print(f"python_package_check: encoded {x.shape} values")
 
 
+def add_connection_options(parser):
+    parser.add_argument("--tls-ca", help="TLS: the CA certificate that signed the server's")
+    parser.add_argument("--tls-cert", help="mTLS: the client certificate")
+    parser.add_argument("--tls-key", help="mTLS: the client key")
+    parser.add_argument("--tls-server-name", help="TLS: the name to check the server against")
+    parser.add_argument("--token-file", help="the bearer token")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -347,6 +470,11 @@ def main():
     f.add_argument("--tokens", type=int, default=40)
     f.add_argument("--layer", type=int, default=1)
     f.add_argument("--seed", type=int, default=5)
+    add_connection_options(f)
+    a = sub.add_parser("auth")
+    a.add_argument("--addr", required=True)
+    a.add_argument("--seed", type=int, default=17)
+    add_connection_options(a)
     s = sub.add_parser("stream")
     s.add_argument("--addr", required=True)
     s.add_argument("--tokens", type=int, default=40)
@@ -356,7 +484,7 @@ def main():
     q.add_argument("--input", required=True)
     q.add_argument("--out", required=True)
     args = parser.parse_args()
-    {"forward": forward, "stream": stream, "fp8": fp8}[args.mode](args)
+    {"forward": forward, "auth": auth, "stream": stream, "fp8": fp8}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 // The gcmoe Python package (clients/python), installed into a fresh virtual environment made
 // from Debian's /usr/bin/python3, against a real `gcmoe serve`: FP32, BF16 and FP8 activations
 // through the blocking and the asyncio client match the float64 references, ForwardStream through
-// both gives unary Forward's bytes and outlives bad requests, and the package's FP8 encoder agrees
-// bit for bit with the server's quantizer on every E4M3 code boundary.
+// both gives unary Forward's bytes and outlives bad requests, the same over TLS and mTLS with a
+// bearer token (wrong or missing tokens refused with the typed error), and the package's FP8
+// encoder agrees bit for bit with the server's quantizer on every E4M3 code boundary.
 #include <sys/wait.h>
 
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "engine/reference_layer.h"
 #include "engine/weights.h"
 #include "tests/server/service_harness.h"
+#include "tests/server/test_pki.h"
 
 namespace gcmoe::server::testing {
 namespace {
@@ -63,6 +65,7 @@ class PythonPackageTest : public ::testing::Test {
   }
   void SetUp() override { ASSERT_TRUE(installed_); }
 
+ public:
   // Runs the driver with the venv's interpreter, from a folder outside the source tree so that
   // `import gcmoe` can only find the installed package.
   static int Driver(const std::string& args) {
@@ -70,22 +73,16 @@ class PythonPackageTest : public ::testing::Test {
                     "/bin/python " GCMOE_PYTHON_DRIVER " " + args);
   }
 
+ protected:
   static std::string* venv_;
   static bool installed_;
 };
 std::string* PythonPackageTest::venv_ = nullptr;
 bool PythonPackageTest::installed_ = false;
 
-TEST_F(PythonPackageTest, SyncAndAsyncForwardMatchTheReferences) {
-  auto service = StartServe({}, "python_package", milliseconds(60000));
-  ASSERT_TRUE(service.has_value());
-  const std::string out = TempPath("python_package_out");
-  const int tokens = 40;
-  const int layer = 1;
-  ASSERT_EQ(Driver("forward --addr " + service->address + " --out " + out + " --tokens " +
-                   std::to_string(tokens) + " --layer " + std::to_string(layer)),
-            0);
-
+// The inputs and the outputs of the driver's forward mode (saved in `out`) against the float64
+// references: sync and asyncio alike, within the quantization-aware and the exact tolerances.
+void ExpectOutputsMatchTheReferences(const std::string& out, int tokens, int layer) {
   const engine::ModelSpec spec = DefaultModel();
   const std::vector<float> hidden = Load<float>(out + "/hidden.npy");
   const std::vector<float> hidden_bf16 = Load<float>(out + "/hidden_bf16.npy");
@@ -120,6 +117,49 @@ TEST_F(PythonPackageTest, SyncAndAsyncForwardMatchTheReferences) {
     EXPECT_LT(numerics::CalcDiff(y.data(), exact->data(), y.size()), 0.02);
     EXPECT_GE(numerics::Cosine(y.data(), exact->data(), y.size()), 0.97);
   }
+}
+
+std::string ForwardArgs(const std::string& address, const std::string& out, int tokens, int layer) {
+  return "forward --addr " + address + " --out " + out + " --tokens " + std::to_string(tokens) +
+         " --layer " + std::to_string(layer);
+}
+
+TEST_F(PythonPackageTest, SyncAndAsyncForwardMatchTheReferences) {
+  auto service = StartServe({}, "python_package", milliseconds(60000));
+  ASSERT_TRUE(service.has_value());
+  const std::string out = TempPath("python_package_out");
+  ASSERT_EQ(Driver(ForwardArgs(service->address, out, 40, 1)), 0);
+  ExpectOutputsMatchTheReferences(out, 40, 1);
+}
+
+// The forward and auth modes of the driver against a service on TLS (server certificate signed by
+// a CA the test makes) with a tokens file, and client certificates required when `mtls`.
+void CheckOverTls(bool mtls, const std::string& name, int layer) {
+  const auto pki = MakeTestPki(name);
+  ASSERT_TRUE(pki.has_value());
+  auto service = StartServe(pki->ServeArgs(mtls), name, milliseconds(60000),
+                            pki->Credentials(/*client_cert=*/mtls));
+  ASSERT_TRUE(service.has_value());
+  std::string tls = " --tls-ca " + pki->ca_cert + " --token-file " + pki->tokens_file;
+  if (mtls) tls += " --tls-cert " + pki->client_cert + " --tls-key " + pki->client_key;
+  const std::string out = TempPath(name + "_out");
+  ASSERT_EQ(PythonPackageTest::Driver(ForwardArgs(service->address, out, 24, layer) + tls), 0);
+  ExpectOutputsMatchTheReferences(out, 24, layer);
+  EXPECT_EQ(PythonPackageTest::Driver("auth --addr " + service->address + tls), 0);
+}
+
+// TLS with a token: the clients given gcmoe.TLS(ca=...) and the token get the float64
+// references' outputs; calls without the token or with a wrong one raise
+// gcmoe.UnauthenticatedError with the server's message; plaintext, the system's roots or a wrong
+// server name cannot connect, and a server name the certificate carries can.
+TEST_F(PythonPackageTest, TlsAndTokenForwardMatchesTheReferences) {
+  CheckOverTls(/*mtls=*/false, "python_package_tls", 1);
+}
+
+// The same with client certificates required (server.tls.client_ca): the clients present theirs
+// through gcmoe.TLS(cert=..., key=...); without one they cannot connect.
+TEST_F(PythonPackageTest, MutualTlsWithAClientCertificate) {
+  CheckOverTls(/*mtls=*/true, "python_package_mtls", 0);
 }
 
 // The driver sends requests of several sizes, layers and dtypes through the ForwardStream of the

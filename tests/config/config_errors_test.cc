@@ -207,6 +207,9 @@ const BadConfig kBadConfigs[] = {
      },
      "logging.level: expected \"trace\", \"debug\", \"info\", \"warn\" or \"error\", got "
      "\"verbose\""},
+    {"ReceiveQuotaNegative", [](json& j) { j["server"]["receive_quota_bytes"] = -5; },
+     "server.receive_quota_bytes: expected 0 (2 x the message limit, at least 256 MiB) or a byte "
+     "count up to 2^40, got -5"},
     {"MaxMessageBytesNegative", [](json& j) { j["server"]["max_message_bytes"] = -1; },
      "server.max_message_bytes: expected 0 (derived from capacity) or a byte count up to "
      "2147483647, got -1"},

@@ -1,7 +1,8 @@
 // The KServe v2 front door (inference.GRPCInferenceService) of a running service, called through
 // stubs generated from proto/inference/grpc_predict_v2.proto: ModelInfer gives Forward's bytes
 // for raw and typed inputs, readiness follows the ranks, and every malformed request is refused
-// with INVALID_ARGUMENT or NOT_FOUND and a message naming the input or parameter.
+// with INVALID_ARGUMENT or NOT_FOUND and a message naming the input or parameter. Over TLS with
+// a tokens file, ModelInfer needs the token and the protocol's health calls stay open.
 #include <signal.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "tests/server/service_harness.h"
+#include "tests/server/test_pki.h"
 
 namespace gcmoe::server::testing {
 namespace {
@@ -20,11 +22,12 @@ namespace {
 using inference::ModelInferRequest;
 using inference::ModelInferResponse;
 
-std::unique_ptr<inference::GRPCInferenceService::Stub> ConnectKServe(const std::string& address) {
+std::unique_ptr<inference::GRPCInferenceService::Stub> ConnectKServe(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  return inference::GRPCInferenceService::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  return inference::GRPCInferenceService::NewStub(grpc::CreateCustomChannel(
+      address, credentials ? credentials : grpc::InsecureChannelCredentials(), args));
 }
 
 const char* DatatypeOf(gcmoe::v1::DType dtype) {
@@ -77,6 +80,18 @@ bool ServerReady(const std::string& address) {
   const grpc::Status status =
       ConnectKServe(address)->ServerReady(&context, inference::ServerReadyRequest(), &response);
   return status.ok() && response.ready();
+}
+
+// ModelReady of model "gcmoe": OK and ready, OK and not ready, or the call's failure.
+grpc::Status ModelReady(inference::GRPCInferenceService::Stub* stub, bool* ready) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  inference::ModelReadyRequest request;
+  request.set_name("gcmoe");
+  inference::ModelReadyResponse response;
+  const grpc::Status status = stub->ModelReady(&context, request, &response);
+  *ready = response.ready();
+  return status;
 }
 
 class KServeServiceTest : public ::testing::Test {
@@ -144,14 +159,9 @@ TEST_F(KServeServiceTest, MetadataAndReadiness) {
     EXPECT_TRUE(live.live());
   }
   EXPECT_TRUE(ServerReady(service_->address));
-  {
-    grpc::ClientContext context;
-    inference::ModelReadyRequest request;
-    request.set_name("gcmoe");
-    inference::ModelReadyResponse ready;
-    ASSERT_TRUE(stub->ModelReady(&context, request, &ready).ok());
-    EXPECT_TRUE(ready.ready());
-  }
+  bool model_ready = false;
+  ASSERT_TRUE(ModelReady(stub.get(), &model_ready).ok());
+  EXPECT_TRUE(model_ready);
   {
     grpc::ClientContext context;
     inference::ServerMetadataResponse metadata;
@@ -353,12 +363,9 @@ TEST(KServeReadinessTest, ServerReadyIsFalseWhileARankIsDown) {
   ASSERT_TRUE(WaitForHealth(address, "NOT_SERVING", milliseconds(2000))) << coordinator->Log();
   EXPECT_FALSE(ServerReady(address));
   {
-    grpc::ClientContext context;
-    inference::ModelReadyRequest request;
-    request.set_name("gcmoe");
-    inference::ModelReadyResponse ready;
-    ASSERT_TRUE(ConnectKServe(address)->ModelReady(&context, request, &ready).ok());
-    EXPECT_FALSE(ready.ready());
+    bool model_ready = true;
+    ASSERT_TRUE(ModelReady(ConnectKServe(address).get(), &model_ready).ok());
+    EXPECT_FALSE(model_ready);
     grpc::ClientContext live_context;
     inference::ServerLiveResponse live;
     ASSERT_TRUE(ConnectKServe(address)
@@ -375,6 +382,128 @@ TEST(KServeReadinessTest, ServerReadyIsFalseWhileARankIsDown) {
   rank1 = start_rank(1);
   ASSERT_TRUE(WaitForHealth(address, "SERVING", milliseconds(30000))) << coordinator->Log();
   EXPECT_TRUE(ServerReady(address));
+}
+
+// TLS with a tokens file (no client certificate asked). ModelInfer with the token gives
+// Forward's bytes; without it, or with a wrong one, ModelInfer and the metadata calls are
+// UNAUTHENTICATED with the server's message, a malformed request included (the token is checked
+// before the request is read); ServerLive, ServerReady and ModelReady answer without a token,
+// as grpc.health.v1 does; a plaintext client cannot connect.
+TEST(KServeTlsTest, ModelInferOverTlsNeedsTheTokenAndHealthStaysOpen) {
+  const auto pki = MakeTestPki("kserve_tls");
+  ASSERT_TRUE(pki.has_value());
+  const auto credentials = pki->Credentials(/*client_cert=*/false);
+  auto service =
+      StartServe(pki->ServeArgs(/*mtls=*/false), "kserve_tls", milliseconds(60000), credentials);
+  ASSERT_TRUE(service.has_value());
+  auto kserve = ConnectKServe(service->address, credentials);
+  const std::string bearer = "Bearer " + pki->token;
+  const auto call_deadline = [] {
+    return std::chrono::system_clock::now() + std::chrono::seconds(30);
+  };
+
+  RequestSpec r;
+  r.num_tokens = 16;
+  r.layer = 1;
+  r.output_dtype = gcmoe::v1::BF16;
+  r.unused_every = 4;
+  r.seed = 23;
+  const gcmoe::v1::ForwardRequest forward = MakeForwardRequest(DefaultModel(), r);
+  gcmoe::v1::ForwardResponse expected;
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", bearer);
+    const grpc::Status status =
+        Connect(service->address, credentials)->Forward(&context, forward, &expected);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  for (bool raw : {true, false}) {
+    SCOPED_TRACE(raw ? "raw_input_contents" : "contents");
+    grpc::ClientContext context;
+    context.set_deadline(call_deadline());
+    context.AddMetadata("authorization", bearer);
+    ModelInferResponse response;
+    const grpc::Status status = kserve->ModelInfer(&context, ToInfer(forward, raw), &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(response.raw_output_contents_size(), 1);
+    EXPECT_EQ(response.raw_output_contents(0), expected.output().data());
+  }
+
+  ModelInferRequest malformed = ToInfer(forward, true);
+  malformed.set_model_name("llama");
+  const struct {
+    std::string what;
+    std::string authorization;  // empty: none sent
+    ModelInferRequest request;
+    std::string message_contains;
+  } refused[] = {
+      {"no token", "", ToInfer(forward, true), "no \"authorization: Bearer TOKEN\" metadata"},
+      {"a wrong token", "Bearer not-" + pki->token, ToInfer(forward, true),
+       "not one of server.auth.tokens_file's"},
+      {"the token without its scheme", pki->token, ToInfer(forward, true), "not \"Bearer TOKEN\""},
+      {"no token, unknown model", "", malformed, "no \"authorization"},
+  };
+  for (const auto& c : refused) {
+    SCOPED_TRACE(c.what);
+    grpc::ClientContext context;
+    context.set_deadline(call_deadline());
+    if (!c.authorization.empty()) context.AddMetadata("authorization", c.authorization);
+    ModelInferResponse response;
+    const grpc::Status status = kserve->ModelInfer(&context, c.request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+    EXPECT_NE(status.error_message().find(c.message_contains), std::string::npos)
+        << status.error_message();
+    EXPECT_EQ(response.outputs_size(), 0);
+  }
+
+  // Metadata describes the model as GetModelInfo does: the token guards it too.
+  for (bool with_token : {false, true}) {
+    SCOPED_TRACE(with_token ? "metadata with the token" : "metadata without a token");
+    const grpc::StatusCode want =
+        with_token ? grpc::StatusCode::OK : grpc::StatusCode::UNAUTHENTICATED;
+    grpc::ClientContext server_context;
+    grpc::ClientContext model_context;
+    if (with_token) {
+      server_context.AddMetadata("authorization", bearer);
+      model_context.AddMetadata("authorization", bearer);
+    }
+    inference::ServerMetadataResponse server_metadata;
+    EXPECT_EQ(
+        kserve
+            ->ServerMetadata(&server_context, inference::ServerMetadataRequest(), &server_metadata)
+            .error_code(),
+        want);
+    inference::ModelMetadataRequest request;
+    request.set_name("gcmoe");
+    inference::ModelMetadataResponse model_metadata;
+    EXPECT_EQ(kserve->ModelMetadata(&model_context, request, &model_metadata).error_code(), want);
+    EXPECT_EQ(model_metadata.inputs_size(), with_token ? 3 : 0);
+  }
+
+  // The health calls, without a token.
+  {
+    grpc::ClientContext live_context;
+    inference::ServerLiveResponse live;
+    ASSERT_TRUE(kserve->ServerLive(&live_context, inference::ServerLiveRequest(), &live).ok());
+    EXPECT_TRUE(live.live());
+    grpc::ClientContext ready_context;
+    inference::ServerReadyResponse ready;
+    ASSERT_TRUE(kserve->ServerReady(&ready_context, inference::ServerReadyRequest(), &ready).ok());
+    EXPECT_TRUE(ready.ready());
+    bool model_ready = false;
+    ASSERT_TRUE(ModelReady(kserve.get(), &model_ready).ok());
+    EXPECT_TRUE(model_ready);
+  }
+
+  // Plaintext reaches no service on a TLS port, token or not.
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  context.AddMetadata("authorization", bearer);
+  ModelInferResponse response;
+  EXPECT_EQ(ConnectKServe(service->address)
+                ->ModelInfer(&context, ToInfer(forward, true), &response)
+                .error_code(),
+            grpc::StatusCode::UNAVAILABLE);
 }
 
 }  // namespace

@@ -22,7 +22,10 @@ int64_t RssBytes(pid_t pid) {
 }
 
 TEST(MessageLimitsTest, ConcurrentOversizeCallsAreRefusedWithinBoundedMemory) {
-  auto s = StartServe({}, "oversize", milliseconds(60000));
+  // A quota of 8 MiB (the default is at least 256 MiB) against 8 calls of 16 MiB each.
+  const int64_t quota = 8 << 20;
+  auto s = StartServe({"--set", "server.receive_quota_bytes=" + std::to_string(quota)}, "oversize",
+                      milliseconds(60000));
   ASSERT_TRUE(s.has_value());
   auto stub = Connect(s->address);
   gcmoe::v1::ModelInfo info;
@@ -68,12 +71,18 @@ TEST(MessageLimitsTest, ConcurrentOversizeCallsAreRefusedWithinBoundedMemory) {
   sampling = false;
   sampler.join();
 
+  // Each is refused while it streams in: RESOURCE_EXHAUSTED, or, when the quota is under
+  // pressure from the others, its connection closed by gRPC's reclaimer (UNAVAILABLE, GOAWAY),
+  // which a client may retry. Never OK, never a crash.
   for (int i = 0; i < 8; ++i) {
-    EXPECT_EQ(statuses[i].error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-        << "call " << i << ": " << statuses[i].error_message();
+    const grpc::Status& status = statuses[i];
+    const bool goaway = status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                        status.error_message().find("GOAWAY") != std::string::npos;
+    EXPECT_TRUE(status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED || goaway)
+        << "call " << i << ": code " << status.error_code() << ", " << status.error_message();
   }
-  EXPECT_LE(peak.load(), 2 * idle + 2 * limit)
-      << "idle " << idle << " bytes, peak " << peak.load() << ", limit " << limit;
+  EXPECT_LE(peak.load(), 2 * idle + quota)
+      << "idle " << idle << " bytes, peak " << peak.load() << ", quota " << quota;
 
   // The service is unharmed.
   RequestSpec r;

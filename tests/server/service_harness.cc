@@ -110,8 +110,10 @@ std::optional<std::vector<std::string>> WaitForFile(const std::string& path,
   return std::nullopt;
 }
 
-std::string HealthStatus(const std::string& address, const std::string& service) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+std::string HealthStatus(const std::string& address, const std::string& service,
+                         std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  auto channel =
+      grpc::CreateChannel(address, credentials ? credentials : grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + milliseconds(500));
@@ -124,25 +126,28 @@ std::string HealthStatus(const std::string& address, const std::string& service)
   return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
 }
 
-bool WaitForHealth(const std::string& address, const std::string& want, milliseconds timeout) {
+bool WaitForHealth(const std::string& address, const std::string& want, milliseconds timeout,
+                   std::shared_ptr<grpc::ChannelCredentials> credentials) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (HealthStatus(address) == want) return true;
+    if (HealthStatus(address, "", credentials) == want) return true;
     std::this_thread::sleep_for(milliseconds(20));
   }
   return false;
 }
 
-std::unique_ptr<gcmoe::v1::MoeService::Stub> Connect(const std::string& address) {
+std::unique_ptr<gcmoe::v1::MoeService::Stub> Connect(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
-  return gcmoe::v1::MoeService::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  return gcmoe::v1::MoeService::NewStub(grpc::CreateCustomChannel(
+      address, credentials ? credentials : grpc::InsecureChannelCredentials(), args));
 }
 
 std::optional<Service> StartServe(const std::vector<std::string>& extra_args,
-                                  const std::string& name, milliseconds timeout) {
+                                  const std::string& name, milliseconds timeout,
+                                  std::shared_ptr<grpc::ChannelCredentials> credentials) {
   Service service;
   service.log_path = TempPath(name + ".log");
   const std::string address_file = TempPath(name + ".address");
@@ -160,10 +165,10 @@ std::optional<Service> StartServe(const std::vector<std::string>& extra_args,
   }
   service.address = (*lines)[0];
   // The address file says the coordinator is listening; the callers want it answering.
-  if (!WaitForHealth(service.address, "SERVING", timeout)) {
+  if (!WaitForHealth(service.address, "SERVING", timeout, credentials)) {
     ADD_FAILURE() << "gcmoe serve (" << name << ") at " << service.address
-                  << " wrote its address but is not SERVING (" << HealthStatus(service.address)
-                  << "); its log:\n"
+                  << " wrote its address but is not SERVING ("
+                  << HealthStatus(service.address, "", credentials) << "); its log:\n"
                   << service.process->Log();
     return std::nullopt;
   }

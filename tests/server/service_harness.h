@@ -51,20 +51,25 @@ std::optional<std::vector<std::string>> WaitForFile(const std::string& path, mil
 // e.g. "started rank 1 (pid "); nullopt when the prefix is absent or no digit follows it.
 std::optional<long> NumberAfter(const std::string& text, const std::string& prefix);
 
-// "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN", or "UNREACHABLE".
-std::string HealthStatus(const std::string& address, const std::string& service = "");
-bool WaitForHealth(const std::string& address, const std::string& want, milliseconds timeout);
+// "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN", or "UNREACHABLE". `credentials` null: plaintext.
+std::string HealthStatus(const std::string& address, const std::string& service = "",
+                         std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
+bool WaitForHealth(const std::string& address, const std::string& want, milliseconds timeout,
+                   std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
-std::unique_ptr<gcmoe::v1::MoeService::Stub> Connect(const std::string& address);
+std::unique_ptr<gcmoe::v1::MoeService::Stub> Connect(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
-// A `gcmoe serve` with the embedded default model plus overrides, waited until SERVING.
+// A `gcmoe serve` with the embedded default model plus overrides, waited until SERVING (asked
+// over `credentials` when the overrides put the public port on TLS).
 struct Service {
   std::unique_ptr<Process> process;
   std::string address;
   std::string log_path;
 };
 std::optional<Service> StartServe(const std::vector<std::string>& extra_args,
-                                  const std::string& name, milliseconds timeout);
+                                  const std::string& name, milliseconds timeout,
+                                  std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
 // A fresh attach secret in a 0600 file of the test's temp directory (server.rank_secret_file).
 std::string WriteSecretFile(const std::string& name);

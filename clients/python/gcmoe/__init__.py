@@ -1,7 +1,7 @@
 """gcmoe: a client of the gcmoe MoE-layer inference service.
 
     import gcmoe
-    with gcmoe.Client("127.0.0.1:50051") as client:
+    with gcmoe.Client("127.0.0.1:50051") as client:     # tls=gcmoe.TLS(ca=...), token=...
         y = client.forward(hidden, topk_ids, topk_weights, layer=0, output_dtype="fp32")
         with client.forward_stream() as stream:      # Forward calls on one long-lived stream
             y = stream.forward(hidden, topk_ids, topk_weights, layer=1)
@@ -12,14 +12,15 @@ encoders; gcmoe.v1.moe_pb2 / moe_pb2_grpc are the generated stubs of the API, an
 """
 from gcmoe._version import __version__
 from gcmoe import aio, numerics
+from gcmoe.channel import TLS
 from gcmoe.client import Client
 from gcmoe.errors import (DeadlineExceededError, GcmoeError, InvalidArgumentError, NotFoundError,
-                          ResourceExhaustedError, UnavailableError)
+                          ResourceExhaustedError, UnauthenticatedError, UnavailableError)
 from gcmoe.stream import ForwardStream
 from gcmoe.tensors import Fp8Hidden
 
 __all__ = [
-    "__version__", "aio", "numerics", "Client", "ForwardStream", "Fp8Hidden", "GcmoeError",
+    "__version__", "aio", "numerics", "Client", "ForwardStream", "Fp8Hidden", "TLS", "GcmoeError",
     "InvalidArgumentError", "NotFoundError", "ResourceExhaustedError", "UnavailableError",
-    "DeadlineExceededError",
+    "DeadlineExceededError", "UnauthenticatedError",
 ]

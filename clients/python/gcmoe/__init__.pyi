@@ -1,11 +1,13 @@
 from gcmoe import aio as aio
 from gcmoe import numerics as numerics
+from gcmoe.channel import TLS as TLS
 from gcmoe.client import Client as Client
 from gcmoe.errors import DeadlineExceededError as DeadlineExceededError
 from gcmoe.errors import GcmoeError as GcmoeError
 from gcmoe.errors import InvalidArgumentError as InvalidArgumentError
 from gcmoe.errors import NotFoundError as NotFoundError
 from gcmoe.errors import ResourceExhaustedError as ResourceExhaustedError
+from gcmoe.errors import UnauthenticatedError as UnauthenticatedError
 from gcmoe.errors import UnavailableError as UnavailableError
 from gcmoe.stream import ForwardStream as ForwardStream
 from gcmoe.tensors import Fp8Hidden as Fp8Hidden

@@ -23,8 +23,8 @@ class Client:
 
     def __init__(self, addr="127.0.0.1:50051", *, tls=False, token=None, timeout=None,
                  max_message_bytes=_channel.DEFAULT_MAX_MESSAGE_BYTES, options=()):
-        opts = _channel.channel_options(max_message_bytes) + list(options)
-        creds = _channel.credentials(tls)
+        creds, tls_options = _channel.credentials(tls)
+        opts = _channel.channel_options(max_message_bytes) + tls_options + list(options)
         self.addr = addr
         self._channel = (grpc.aio.secure_channel(addr, creds, options=opts) if creds is not None
                          else grpc.aio.insecure_channel(addr, options=opts))

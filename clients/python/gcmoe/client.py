@@ -17,15 +17,17 @@ class Client:
             with client.forward_stream() as stream:     # one long-lived stream, e.g. per layer
                 y = stream.forward(hidden, topk_ids, topk_weights, layer=0)
 
-    tls: False (plaintext), True (TLS with the system's roots) or grpc.ChannelCredentials.
-    token: sent as `authorization: Bearer <token>` with every call.
+    tls: False (plaintext), True (TLS, the system's roots), gcmoe.TLS(ca=..., cert=..., key=...,
+        server_name=...) for a private CA, mTLS or another server name, or grpc.ChannelCredentials.
+    token: sent as `authorization: Bearer <token>` with every call (a service with
+        server.auth.tokens_file refuses calls without it: gcmoe.UnauthenticatedError).
     timeout: default deadline of each call in seconds (None: none; the server applies its own).
     """
 
     def __init__(self, addr="127.0.0.1:50051", *, tls=False, token=None, timeout=None,
                  max_message_bytes=_channel.DEFAULT_MAX_MESSAGE_BYTES, options=()):
-        opts = _channel.channel_options(max_message_bytes) + list(options)
-        creds = _channel.credentials(tls)
+        creds, tls_options = _channel.credentials(tls)
+        opts = _channel.channel_options(max_message_bytes) + tls_options + list(options)
         self.addr = addr
         self._channel = (grpc.secure_channel(addr, creds, options=opts) if creds is not None
                          else grpc.insecure_channel(addr, options=opts))

@@ -1,9 +1,9 @@
 from typing import Any, Optional, Sequence, Tuple, Union
 
-import grpc
 import numpy as np
 import numpy.typing as npt
 
+from gcmoe.channel import TlsArgument
 from gcmoe.stream import ForwardStream
 from gcmoe.tensors import Fp8Hidden
 from gcmoe.v1 import moe_pb2
@@ -12,7 +12,7 @@ Hidden = Union[npt.NDArray[Any], Fp8Hidden]
 
 class Client:
     addr: str
-    def __init__(self, addr: str = ..., *, tls: Union[bool, grpc.ChannelCredentials] = ...,
+    def __init__(self, addr: str = ..., *, tls: TlsArgument = ...,
                  token: Optional[str] = ..., timeout: Optional[float] = ...,
                  max_message_bytes: int = ...,
                  options: Sequence[Tuple[str, Any]] = ...) -> None: ...

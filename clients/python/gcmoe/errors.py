@@ -34,12 +34,18 @@ class DeadlineExceededError(GcmoeError, TimeoutError):
     """The call's deadline passed before it completed (DEADLINE_EXCEEDED)."""
 
 
+class UnauthenticatedError(GcmoeError):
+    """The service checks bearer tokens (server.auth.tokens_file) and the call carried none, or
+    one it does not hold (UNAUTHENTICATED). The message says which, never the token."""
+
+
 _BY_CODE = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
     grpc.StatusCode.NOT_FOUND: NotFoundError,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
 }
 
 

@@ -2,6 +2,7 @@
 // of random tokens and prints the output's mean magnitude and the engine time.
 //
 //	go run ./example/forward -addr 127.0.0.1:50051 -tokens 64
+//	go run ./example/forward -addr gcmoe.internal:50051 -tls-ca ca.crt -token "$(cat token)"
 package main
 
 import (
@@ -22,11 +23,25 @@ func main() {
 	layer := flag.Uint("layer", 0, "MoE layer index")
 	bf16 := flag.Bool("bf16", true, "send BF16 activations (false: FP32)")
 	timeout := flag.Duration("timeout", 10*time.Second, "deadline of each call")
-	token := flag.String("token", "", "bearer token, if the service asks for one")
+	token := flag.String("token", "", "bearer token, if the service asks for one (needs TLS)")
+	var tls gcmoe.TLSFiles
+	useTLS := flag.Bool("tls", false, "TLS with the system's roots (implied by -tls-ca)")
+	flag.StringVar(&tls.CAFile, "tls-ca", "", "TLS: the CA certificate that signed the server's")
+	flag.StringVar(&tls.CertFile, "tls-cert", "", "mTLS: the client certificate")
+	flag.StringVar(&tls.KeyFile, "tls-key", "", "mTLS: the client key")
+	flag.StringVar(&tls.ServerName, "tls-server-name", "", "TLS: the name to check the server against")
 	flag.Parse()
 
 	ctx := context.Background()
-	client, err := gcmoe.Dial(ctx, *addr, gcmoe.Options{Token: *token})
+	options := gcmoe.Options{Token: *token}
+	if *useTLS || tls != (gcmoe.TLSFiles{}) {
+		creds, err := gcmoe.TLSCredentials(tls)
+		if err != nil {
+			log.Fatal(err)
+		}
+		options.Credentials = creds
+	}
+	client, err := gcmoe.Dial(ctx, *addr, options)
 	if err != nil {
 		log.Fatal(err)
 	}
