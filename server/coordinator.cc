@@ -262,6 +262,9 @@ void Coordinator::FailInFlightLocked(Status failure) {
   if (!in_flight_.active || in_flight_.failed) return;
   in_flight_.failed = true;
   in_flight_.failure = std::move(failure);
+  // Set with the failure, under the same lock: the watchdog must never see a failed step with
+  // the deadline of an earlier one (it cut a healthy survivor off at once when it did).
+  abort_deadline_ = Clock::now() + std::chrono::milliseconds(options_.exchange_timeout_ms + 2000);
 }
 
 void Coordinator::MaybeFinishFailedStepLocked(Outbox* outbox) {

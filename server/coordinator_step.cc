@@ -250,8 +250,8 @@ Status Coordinator::RunStep(const std::vector<Call*>& calls) {
   if (in_flight_.failed) {
     const Status failure = in_flight_.failure;
     // The step is over for the callers; the ranks still in it are told to give up, and the
-    // bookkeeping (a new epoch) finishes once they have all reported or been cut off.
-    abort_deadline_ = Clock::now() + std::chrono::milliseconds(options_.exchange_timeout_ms + 2000);
+    // bookkeeping (a new epoch) finishes once they have all reported or been cut off (by the
+    // deadline FailInFlightLocked set).
     SetServingLocked(false);
     std::vector<std::shared_ptr<RankSession>> survivors;
     for (int r = 0; r < P; ++r) {

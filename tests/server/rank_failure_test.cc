@@ -75,11 +75,14 @@ TEST(RankFailureTest, RankDyingDuringAStepFailsThatStepWithinTwoSeconds) {
   EXPECT_LT(Clock::now() - killed, milliseconds(2000));
   EXPECT_NE(status.error_message().find("rank 1"), std::string::npos) << status.error_message();
 
-  // The survivor left the aborted step; with rank 1 back the service is whole again.
+  // The survivor left the aborted step; with rank 1 back the service is whole again. It was
+  // never cut off: its deadline (exchange timeout + 2 s) is a minute away.
   service.StartRank(1);
   ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(30000))) << service.Logs();
   gcmoe::v1::ForwardResponse response;
   EXPECT_TRUE(CallForward(service.address(), 256, 9, &response).ok()) << service.Logs();
+  EXPECT_EQ(service.coordinator().Log().find("did not leave aborted step"), std::string::npos)
+      << service.Logs();
 }
 
 TEST(RankFailureTest, RankDyingUnderMergedAndStreamedCallsFailsEachWithUnavailable) {
@@ -126,6 +129,9 @@ TEST(RankFailureTest, RankDyingUnderMergedAndStreamedCallsFailsEachWithUnavailab
   ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(30000))) << service.Logs();
   gcmoe::v1::ForwardResponse response;
   EXPECT_TRUE(CallForward(service.address(), 9, 3, &response).ok()) << service.Logs();
+  // The survivor is never cut off: its deadline (exchange timeout + 2 s) is a minute away.
+  EXPECT_EQ(service.coordinator().Log().find("did not leave aborted step"), std::string::npos)
+      << service.Logs();
 }
 
 TEST(RankFailureTest, HungRankIsCutOffAndRejoinsWhenItResumes) {
