@@ -184,9 +184,9 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
 
 // Warpgroup `group`'s task at MMA width N: the K loop (every block drained, WideChunk) into its
 // own m64nN accumulator, times 2^scale_shift, plus its tile's biases (kExtended: AddTileBias),
-// then, once both warpgroups are done with the stage
-// of the last chunk (their last wgmma completed, their loads done), its tile's results as BF16
-// over that stage: red[row][token], `kWideRedPitch` values a row, tile `group` after tile 0.
+// then, once both warpgroups are done with the stage of the last chunk (their last wgmma
+// completed, their loads done), its tile's results as BF16 over that stage: red[row][token],
+// `kWideRedPitch` values a row, tile `group` after tile 0.
 // Returns the warpgroup's red tile. Each N has its own accumulator: one sized for the widest
 // task kept 8 registers live through every narrower K loop and cost 1.03-1.05x there.
 template <int N, bool kFp4, bool kExtended>

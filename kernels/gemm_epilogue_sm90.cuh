@@ -95,7 +95,7 @@ __device__ __forceinline__ void SwigluPasses(const LayerParams& p, RedAt red, in
 
 // The role2 instances with the extended epilogue (kExtended: LayerDims::ExtendedEpilogue) add
 // the expert biases and the up offset; the others have neither in their code, so a model
-// without them runs exactly the code it ran before they existed.
+// without them pays nothing for them (registers included).
 //
 // The 64 bias values of tile `tile` of a routed task (StepHeader::b1 in W1's tile row order, I/32
 // tiles an expert; b2, H an expert), or null for a shared task or a layer without biases. Read
