@@ -98,11 +98,12 @@ if has sanitizer; then
 fi
 
 # Our harness: both slices routed-only (the example configs), then with a shared expert
-# (I_s = I). JSON for the peers' ratio tables goes to /tmp/gcmoe-bench-*.json.
+# (I_s = I), then a whole gpt-oss-120b layer (H = I = 2880, run zero-padded to 2944).
+# JSON for the peers' ratio tables goes to /tmp/gcmoe-bench-*.json.
 if has bench; then
   : > "$OUT/bench.txt"
   for run in "glm-5.2-ep8-rank -1" "deepseek-v4.1-flash-ep8-rank -1" \
-             "glm-5.2-ep8-rank 2048" "deepseek-v4.1-flash-ep8-rank 2304"; do
+             "glm-5.2-ep8-rank 2048" "deepseek-v4.1-flash-ep8-rank 2304" "gpt-oss-120b-layer -1"; do
     set -- $run
     tag=$1; [[ $2 != -1 ]] && tag="$1-shared"
     echo "\$ gcmoe bench layer --config config/examples/$1.json --shared-intermediate $2" >> "$OUT/bench.txt"

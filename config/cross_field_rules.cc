@@ -37,20 +37,6 @@ void CheckModelAndParallel(const Config& c, Problems* p) {
   }
 }
 
-void CheckCudaAlignment(const Config& c, Problems* p) {
-  if (!AllValid(*p, {"engine.backend"}) || c.engine.backend != "cuda") return;
-  // The GPU grouped GEMM tiles both of its contraction and output dimensions (H and I) by 128.
-  const char* rule =
-      "a multiple of 128 with engine.backend \"cuda\" (the GPU kernels tile H and I "
-      "by 128)";
-  if (AllValid(*p, {"model.hidden"}) && c.model.hidden % 128 != 0) {
-    p->Expected("model.hidden", rule, std::to_string(c.model.hidden));
-  }
-  if (AllValid(*p, {"model.intermediate"}) && c.model.intermediate % 128 != 0) {
-    p->Expected("model.intermediate", rule, std::to_string(c.model.intermediate));
-  }
-}
-
 void CheckBalancer(const Config& c, Problems* p) {
   const BalancerConfig& b = c.balancer;
   // The placement keys must agree whether or not the balancer is on: a "file" placement with
@@ -134,7 +120,6 @@ void CheckServerSecurity(const Config& c, Problems* p) {
 
 void CheckCrossFieldRules(const Config& config, Problems* problems) {
   CheckModelAndParallel(config, problems);
-  CheckCudaAlignment(config, problems);
   CheckBalancer(config, problems);
   CheckServerSecurity(config, problems);
 }

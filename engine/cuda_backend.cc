@@ -32,6 +32,8 @@ int32_t InputDType(DType dtype) {
   return kernels::kInBF16;
 }
 
+int RoundUpTo128(int n) { return (n + 127) / 128 * 128; }
+
 }  // namespace
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
@@ -67,22 +69,6 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
         "wait_sleep_cap_ns in " +
         std::to_string(kernels::kShortWaitSleepNs) + "..1000000");
   }
-  // What the GPU kernels do not implement yet is refused here, before anything is served
-  // wrong; the CPU backend serves these models (DESIGN.md §4).
-  if (m.hidden % 128 != 0 || m.intermediate % 128 != 0 || m.shared_intermediate % 128 != 0) {
-    return Unimplemented(
-        "cuda backend: model.hidden, model.intermediate and "
-        "model.shared_intermediate must be multiples of 128 (got " +
-        std::to_string(m.hidden) + ", " + std::to_string(m.intermediate) + ", " +
-        std::to_string(m.shared_intermediate) +
-        "): the GPU kernels have no K or N tails of 32; use engine.backend \"cpu\"");
-  }
-  if (m.activation_up_offset != 0.0f) {
-    return Unimplemented(
-        "cuda backend: model.activation.up_offset is " + std::to_string(m.activation_up_offset) +
-        ": the GPU kernels implement g * sigmoid(alpha g) * u, not the gpt-oss activation "
-        "g * sigmoid(alpha g) * (u + offset); use engine.backend \"cpu\"");
-  }
   if (options.max_tokens_per_rank <= 0) {
     return InvalidArgument("cuda backend: max_tokens_per_rank must be positive");
   }
@@ -116,11 +102,15 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
                        std::to_string(prop.major) + "." + std::to_string(prop.minor));
   }
 
+  // The kernels tile K by 128 and W2's rows by 64: H, I and I_s (multiples of 32) run
+  // zero-padded to multiples of 128, which is exact (DESIGN.md §6, shapes).
+  const PaddedDims padded{RoundUpTo128(m.hidden), RoundUpTo128(m.intermediate),
+                          RoundUpTo128(m.shared_intermediate)};
   kernels::LayerGraphOptions graph_options;
   kernels::LayerDims& d = graph_options.dims;
-  d.hidden = m.hidden;
-  d.intermediate = m.intermediate;
-  d.shared_intermediate = m.shared_intermediate;
+  d.hidden = padded.hidden;
+  d.intermediate = padded.intermediate;
+  d.shared_intermediate = padded.shared_intermediate;
   d.num_experts = m.num_experts;
   d.local_experts = m.num_experts;  // an upper bound: placements change what a rank holds
   d.top_k = m.top_k;
@@ -130,6 +120,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   d.has_clamp = m.activation_clamp.has_value() ? 1 : 0;
   d.alpha = m.activation_alpha;
   d.clamp = m.activation_clamp.value_or(0.0f);
+  d.up_offset = m.activation_up_offset;
   graph_options.device = options.device;
   graph_options.dispatch_sms = options.dispatch_sms;
   graph_options.alltoall = alltoall;
@@ -156,6 +147,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   }
   std::unique_ptr<CudaBackend> backend(new CudaBackend(options, std::move(graph)));
   backend->alltoall_ = alltoall;
+  backend->dims_ = padded;
   backend->trace_role2_ = graph_options.trace_role2;
   backend->wait_timeout_ = std::chrono::milliseconds(tuning.wait_timeout_ms);
   backend->ipc_name_ = CudaIpcRegionName(backend->graph_->exchange_base(),
@@ -327,9 +319,9 @@ void CudaBackend::SetAllToAllBytes() {
     }
   };
   fill(t.send_start, t.send_count, t.recv_start, t.recv_count,
-       kernels::A2aRecordBytes(options_.model.hidden), false, &records_);
+       kernels::A2aRecordBytes(dims_.hidden), false, &records_);
   fill(t.recv_start, t.recv_count, t.send_start, t.send_count,
-       static_cast<int64_t>(options_.model.hidden) * 2, true, &partials_);
+       static_cast<int64_t>(dims_.hidden) * 2, true, &partials_);
 }
 
 Status CudaBackend::Sync(const char* what, uint64_t generation) {
@@ -428,6 +420,8 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   header.ws1 = static_cast<const uint8_t*>(lw.ws1);
   header.ws2 = static_cast<const uint8_t*>(lw.ws2);
   header.scale_shift = lw.scale_shift;
+  header.b1 = lw.b1;
+  header.b2 = lw.b2;
   header.direct_rows =
       options_.cuda.direct_rows && !alltoall_ && options_.world_size == 1 &&
       rows >= graph_->role1_grid() && static_cast<int>(blocks.size()) <= graph_->ring_blocks(bm) &&
@@ -450,11 +444,17 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
                           routes.size() * sizeof(kernels::ExpertRoute), cudaMemcpyHostToDevice, s);
   }
   if (err == cudaSuccess && T > 0) {
-    err =
-        cudaMemcpyAsync(graph_->hidden_in(), ctx.hidden.data, in_bytes, cudaMemcpyHostToDevice, s);
+    err = dims_.hidden == H ? cudaMemcpyAsync(graph_->hidden_in(), ctx.hidden.data, in_bytes,
+                                              cudaMemcpyHostToDevice, s)
+                            : CopyPaddedHidden(ctx);
     if (err == cudaSuccess && ctx.hidden.dtype == DType::kFP8E4M3) {
-      err = cudaMemcpyAsync(graph_->hidden_scales_in(), ctx.hidden.scales,
-                            static_cast<size_t>(T) * (H / 32), cudaMemcpyHostToDevice, s);
+      // The padding's scales stay as allocated (zero): nothing else writes this buffer.
+      err = dims_.hidden == H
+                ? cudaMemcpyAsync(graph_->hidden_scales_in(), ctx.hidden.scales,
+                                  static_cast<size_t>(T) * (H / 32), cudaMemcpyHostToDevice, s)
+                : cudaMemcpy2DAsync(graph_->hidden_scales_in(), dims_.hidden / 32,
+                                    ctx.hidden.scales, H / 32, H / 32, T, cudaMemcpyHostToDevice,
+                                    s);
     }
     if (err == cudaSuccess) {
       err = cudaMemcpyAsync(graph_->topk_ids(), ctx.topk_ids, sizeof(int32_t) * T * k,
@@ -476,7 +476,12 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   GCMOE_RETURN_IF_ERROR(nccl_status);
   if (err == cudaSuccess) err = cudaEventRecord(stage_events_[2], s);
   if (err == cudaSuccess && T > 0) {
-    err = cudaMemcpyAsync(output, graph_->output(), output_bytes, cudaMemcpyDeviceToHost, s);
+    // Rows of the padded H: their padding columns are dropped.
+    err = dims_.hidden == H
+              ? cudaMemcpyAsync(output, graph_->output(), output_bytes, cudaMemcpyDeviceToHost, s)
+              : cudaMemcpy2DAsync(output, H * out_bytes, graph_->output(),
+                                  dims_.hidden * out_bytes, H * out_bytes, T,
+                                  cudaMemcpyDeviceToHost, s);
   }
   if (err == cudaSuccess) err = cudaEventRecord(stage_events_[3], s);
   if (err != cudaSuccess) return CudaError("launching step " + std::to_string(ctx.generation), err);
@@ -498,6 +503,25 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   }
   if (trace_role2_) LogRole2Trace(header, ctx.generation);
   return Status::Ok();
+}
+
+cudaError_t CudaBackend::CopyPaddedHidden(const StepContext& ctx) {
+  const size_t value_bytes = DTypeBytes(ctx.hidden.dtype);
+  const size_t row_bytes = static_cast<size_t>(options_.model.hidden) * value_bytes;
+  const size_t pitch = static_cast<size_t>(dims_.hidden) * value_bytes;
+  cudaStream_t s = graph_->stream();
+  // The copies write only the first H values of each row, so once a dtype's padding columns are
+  // zero they stay zero; another dtype's rows have another pitch, so a change of dtype zeroes
+  // the whole buffer first.
+  const int dtype = static_cast<int>(ctx.hidden.dtype);
+  if (zero_padded_dtype_ != dtype) {
+    const cudaError_t err = cudaMemsetAsync(
+        graph_->hidden_in(), 0, static_cast<size_t>(options_.max_tokens_per_rank) * pitch, s);
+    if (err != cudaSuccess) return err;
+    zero_padded_dtype_ = dtype;
+  }
+  return cudaMemcpy2DAsync(graph_->hidden_in(), pitch, ctx.hidden.data, row_bytes, row_bytes,
+                           static_cast<size_t>(ctx.num_tokens), cudaMemcpyHostToDevice, s);
 }
 
 Status CudaBackend::RegisterHostMemory(void* data, size_t bytes) {

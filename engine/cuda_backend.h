@@ -80,10 +80,22 @@ class CudaBackend final : public Backend {
     void* ws1 = nullptr;             // shared [I_s/32 tiles] E4M3
     void* ws2 = nullptr;             // shared [H/64 tiles]
     int32_t* scale_shift = nullptr;  // kernels::StepHeader::scale_shift
+    float* b1 = nullptr;             // [held][I/32 tiles][64] or null: StepHeader::b1
+    float* b2 = nullptr;             // [held][H] or null
+  };
+  // The sizes the kernels run at: H, I and I_s rounded up to multiples of 128, zero-padded
+  // (DESIGN.md §6, shapes), equal to the model's when they are multiples already.
+  struct PaddedDims {
+    int hidden = 0;
+    int intermediate = 0;
+    int shared_intermediate = 0;
   };
 
   CudaBackend(const BackendOptions& options, std::unique_ptr<kernels::LayerGraph> graph);
   Status CheckStep(const StepContext& ctx) const;
+  // The step's [T, H] input into the device buffer's rows of the padded H (dims_), padding
+  // columns zero.
+  cudaError_t CopyPaddedHidden(const StepContext& ctx);
   // With GCMOE_CUDA_TRACE: role2's task timeline of the step just run, as one log entry.
   void LogRole2Trace(const kernels::StepHeader& header, uint64_t generation) const;
   // The all-to-all baseline's NCCL rounds in bytes, from tables_.
@@ -98,6 +110,10 @@ class CudaBackend final : public Backend {
   std::unique_ptr<kernels::LayerGraph> graph_;
   std::mutex step_mutex_;  // one step at a time: the workspace is single-instance
   std::vector<LayerWeights> layers_;
+  PaddedDims dims_;
+  // With a padded H: the input dtype whose rows' padding columns are known to hold zeros in
+  // the device input buffer (its row pitch depends on the dtype), -1 for none yet.
+  int zero_padded_dtype_ = -1;
   std::vector<int> slot_of_;  // [E] local slot of a held expert, -1 otherwise
   int held_experts_ = 0;
   int last_bm_ = 0;

@@ -1,6 +1,6 @@
 // The CUDA backend's expert weights (CudaBackend::LoadExperts): each layer's quantized codes and
-// scales re-laid out into the grouped GEMM's tiles (kernels/weight_tiles_sm90.h) and uploaded,
-// with role2's scale shifts.
+// scales re-laid out into the grouped GEMM's tiles (kernels/weight_tiles_sm90.h), zero-padded to
+// the kernels' sizes, and uploaded with role2's scale shifts and the expert biases.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -18,17 +18,23 @@ namespace {
 
 using kernels::TileFormat;
 
-// Packs one matrix into tiles on the host and uploads it.
+// Packs one matrix into tiles on the host, zero-padded to `padded_rows_or_inter` x `padded_k`
+// (kernels::TilePadding; the same sizes: no padding), and uploads it.
 Status UploadTiles(bool gated, TileFormat format, const std::vector<uint8_t>& codes,
-                   const std::vector<uint8_t>& scales, int rows_or_inter, int k, uint8_t* dst,
+                   const std::vector<uint8_t>& scales, int rows_or_inter, int k,
+                   int padded_rows_or_inter, int padded_k, uint8_t* dst,
                    std::vector<uint8_t>* staging) {
-  const int64_t bytes = gated ? kernels::GatedTilesBytes(format, rows_or_inter, k)
-                              : kernels::PlainTilesBytes(format, rows_or_inter, k);
+  const kernels::TilePadding pad{padded_rows_or_inter, padded_k,
+                                 scales.empty() ? uint8_t{127} : scales[0]};
+  const int64_t bytes = gated ? kernels::GatedTilesBytes(format, pad.rows, pad.k)
+                              : kernels::PlainTilesBytes(format, pad.rows, pad.k);
   staging->resize(static_cast<size_t>(bytes));
   if (gated) {
-    kernels::PackGatedTiles(format, codes.data(), scales.data(), rows_or_inter, k, staging->data());
+    kernels::PackGatedTiles(format, codes.data(), scales.data(), rows_or_inter, k, staging->data(),
+                            pad);
   } else {
-    kernels::PackPlainTiles(format, codes.data(), scales.data(), rows_or_inter, k, staging->data());
+    kernels::PackPlainTiles(format, codes.data(), scales.data(), rows_or_inter, k, staging->data(),
+                            pad);
   }
   const cudaError_t err = cudaMemcpy(dst, staging->data(), bytes, cudaMemcpyHostToDevice);
   return err == cudaSuccess ? Status::Ok() : CudaError("uploading weights", err);
@@ -64,11 +70,35 @@ Status ShiftBf16Pair(const std::string& what, uint32_t bias, std::vector<uint8_t
   return Status::Ok();
 }
 
+// An expert's biases as role2 reads them (StepHeader::b1 / b2), appended: b1 [2I] (gate, up) in
+// W1's tile row order over the padded I (tile j: gate features 32j.., then up features 32j..),
+// b2 [H] padded to H_p; the padding's biases are 0, so padded features stay exactly 0.
+void AppendTiledBiases(const ExpertWeights& w, int inter, int padded_inter, int padded_hidden,
+                       std::vector<float>* b1, std::vector<float>* b2) {
+  for (int tile = 0; tile < padded_inter / 32; ++tile) {
+    for (int r = 0; r < 64; ++r) {
+      const int feature = tile * 32 + r % 32;
+      b1->push_back(feature < inter ? w.b1[(r < 32 ? 0 : inter) + feature] : 0.0f);
+    }
+  }
+  b2->insert(b2->end(), w.b2.begin(), w.b2.end());
+  b2->resize(b2->size() + padded_hidden - w.b2.size(), 0.0f);
+}
+
+Status UploadFloats(const std::vector<float>& values, float** dst) {
+  cudaError_t err = cudaMalloc(dst, values.size() * sizeof(float));
+  if (err == cudaSuccess) {
+    err = cudaMemcpy(*dst, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice);
+  }
+  return err == cudaSuccess ? Status::Ok() : CudaError("uploading the expert biases", err);
+}
+
 }  // namespace
 
 void CudaBackend::FreeWeights() {
   for (LayerWeights& l : layers_) {
-    for (void* p : {l.w1, l.w2, l.ws1, l.ws2, static_cast<void*>(l.scale_shift)}) {
+    for (void* p : {l.w1, l.w2, l.ws1, l.ws2, static_cast<void*>(l.scale_shift),
+                    static_cast<void*>(l.b1), static_cast<void*>(l.b2)}) {
       if (p != nullptr) cudaFree(p);
     }
   }
@@ -95,10 +125,15 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
   }
   // role2 reads its own lane-word placement (same bytes) and folds the block scales into BF16
   // multipliers, which bounds them (kernels/bf16_operands.h).
+  // The kernels' sizes: H, I and I_s zero-padded to multiples of 128 (dims_).
+  const int Hp = dims_.hidden;
+  const int Ip = dims_.intermediate;
+  const int Isp = dims_.shared_intermediate;
   const TileFormat routed = TileFormat::kE2M1Bf16;
-  const int64_t w1_bytes = kernels::GatedTilesBytes(routed, I, H);
-  const int64_t w2_bytes = kernels::PlainTilesBytes(routed, H, I);
+  const int64_t w1_bytes = kernels::GatedTilesBytes(routed, Ip, Hp);
+  const int64_t w2_bytes = kernels::PlainTilesBytes(routed, Hp, Ip);
   std::vector<uint8_t> staging;
+  bool any_biases = false;
   layers_.resize(m.num_layers);
   for (int l = 0; l < m.num_layers; ++l) {
     LayerWeights& lw = layers_[l];
@@ -107,40 +142,51 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
       err = cudaMalloc(&lw.w2, std::max<int64_t>(1, w2_bytes * held_experts_));
     if (err != cudaSuccess) return CudaError("allocating layer " + std::to_string(l), err);
     std::vector<int32_t> shifts(2 * held_experts_ + 2, 0);  // StepHeader::scale_shift
+    std::vector<float> b1, b2;  // LayerWeights::b1 / b2 on the host, when the layer has biases
+    bool biases = false;
     for (int slot = 0; slot < held_experts_; ++slot) {
       GCMOE_ASSIGN_OR_RETURN(ExpertWeights w, source.LoadExpert(l, experts[slot]));
-      if (w.has_biases()) {
-        return Unimplemented("cuda backend: " + source.Describe() + " has expert biases (layer " +
-                             std::to_string(l) +
-                             "), which the GPU kernels do not add; use engine.backend \"cpu\"");
-      }
+      const std::string what =
+          "expert " + std::to_string(experts[slot]) + " of layer " + std::to_string(l);
       if (w.w1.size() != static_cast<size_t>(2) * I * H / 2 ||
-          w.w2.size() != static_cast<size_t>(H) * I / 2) {
-        return Internal("cuda backend: expert " + std::to_string(experts[slot]) + " of layer " +
-                        std::to_string(l) + " has unexpected sizes");
+          w.w2.size() != static_cast<size_t>(H) * I / 2 ||
+          (w.has_biases() &&
+           (w.b1.size() != static_cast<size_t>(2) * I || w.b2.size() != static_cast<size_t>(H)))) {
+        return Internal("cuda backend: " + what + " has unexpected sizes");
       }
-      GCMOE_RETURN_IF_ERROR(ShiftBf16Pair(
-          "expert " + std::to_string(experts[slot]) + " of layer " + std::to_string(l),
-          kernels::kE2m1Bf16ScaleBias, &w.w1_scales, &w.w2_scales, &shifts[2 * slot]));
-      GCMOE_RETURN_IF_ERROR(UploadTiles(true, routed, w.w1, w.w1_scales, I, H,
+      if (slot == 0) biases = w.has_biases();
+      if (w.has_biases() != biases) {
+        return Internal("cuda backend: " + what + (biases ? " lacks" : " has") +
+                        " the expert biases its layer's first expert " +
+                        (biases ? "has" : "lacks"));
+      }
+      if (biases) AppendTiledBiases(w, I, Ip, Hp, &b1, &b2);
+      GCMOE_RETURN_IF_ERROR(ShiftBf16Pair(what, kernels::kE2m1Bf16ScaleBias, &w.w1_scales,
+                                          &w.w2_scales, &shifts[2 * slot]));
+      GCMOE_RETURN_IF_ERROR(UploadTiles(true, routed, w.w1, w.w1_scales, I, H, Ip, Hp,
                                         static_cast<uint8_t*>(lw.w1) + slot * w1_bytes, &staging));
-      GCMOE_RETURN_IF_ERROR(UploadTiles(false, routed, w.w2, w.w2_scales, H, I,
+      GCMOE_RETURN_IF_ERROR(UploadTiles(false, routed, w.w2, w.w2_scales, H, I, Hp, Ip,
                                         static_cast<uint8_t*>(lw.w2) + slot * w2_bytes, &staging));
+    }
+    if (biases) {
+      GCMOE_RETURN_IF_ERROR(UploadFloats(b1, &lw.b1));
+      GCMOE_RETURN_IF_ERROR(UploadFloats(b2, &lw.b2));
+      any_biases = true;
     }
     if (m.has_shared()) {
       GCMOE_ASSIGN_OR_RETURN(SharedExpertWeights w, source.LoadShared(l));
       GCMOE_RETURN_IF_ERROR(ShiftBf16Pair("the shared expert of layer " + std::to_string(l),
                                           kernels::kE4m3Bf16ScaleBias, &w.w1_scales, &w.w2_scales,
                                           &shifts[2 * held_experts_]));
-      const int64_t s1 = kernels::GatedTilesBytes(TileFormat::kE4M3, Is, H);
-      const int64_t s2 = kernels::PlainTilesBytes(TileFormat::kE4M3, H, Is);
+      const int64_t s1 = kernels::GatedTilesBytes(TileFormat::kE4M3, Isp, Hp);
+      const int64_t s2 = kernels::PlainTilesBytes(TileFormat::kE4M3, Hp, Isp);
       err = cudaMalloc(&lw.ws1, s1);
       if (err == cudaSuccess) err = cudaMalloc(&lw.ws2, s2);
       if (err != cudaSuccess) return CudaError("allocating the shared expert", err);
-      GCMOE_RETURN_IF_ERROR(UploadTiles(true, TileFormat::kE4M3, w.w1, w.w1_scales, Is, H,
+      GCMOE_RETURN_IF_ERROR(UploadTiles(true, TileFormat::kE4M3, w.w1, w.w1_scales, Is, H, Isp, Hp,
                                         static_cast<uint8_t*>(lw.ws1), &staging));
-      GCMOE_RETURN_IF_ERROR(UploadTiles(false, TileFormat::kE4M3, w.w2, w.w2_scales, H, Is,
-                                        static_cast<uint8_t*>(lw.ws2), &staging));
+      GCMOE_RETURN_IF_ERROR(UploadTiles(false, TileFormat::kE4M3, w.w2, w.w2_scales, H, Is, Hp,
+                                        Isp, static_cast<uint8_t*>(lw.ws2), &staging));
     }
     const size_t bytes = shifts.size() * sizeof(int32_t);
     err = cudaMalloc(&lw.scale_shift, bytes);
@@ -157,7 +203,10 @@ Status CudaBackend::LoadExperts(const WeightSource& source, std::span<const int>
           l, shifted, shifts.size());
     }
   }
-  return Status::Ok();
+  // role2's instances that add biases, only for weights that have them (a layer without biases
+  // has null pointers there).
+  const cudaError_t err = graph_->SetExpertBiases(any_biases);
+  return err == cudaSuccess ? Status::Ok() : CudaError("capturing the layer graph", err);
 }
 
 }  // namespace gcmoe::engine

@@ -38,6 +38,7 @@
 
 #include "kernels/bf16_operands.h"
 #include "kernels/device_common.cuh"
+#include "kernels/gemm_epilogue_sm90.cuh"
 #include "kernels/layer_roles.h"
 #include "kernels/scale_bytes.h"
 #include "kernels/sm90_async.cuh"
@@ -182,13 +183,15 @@ __device__ __forceinline__ void WideChunk(const uint8_t* stage_base, int stage_b
 }
 
 // Warpgroup `group`'s task at MMA width N: the K loop (every block drained, WideChunk) into its
-// own m64nN accumulator, times 2^scale_shift, then, once both warpgroups are done with the stage
-// of the last chunk (their last wgmma completed, their loads done), its tile's results as BF16
-// over that stage: red[row][token], `kWideRedPitch` values a row, tile `group` after tile 0.
+// own m64nN accumulator, times 2^scale_shift, plus its tile's biases (kExtended: AddTileBias),
+// then, once both warpgroups are done with the stage of the last chunk (their last wgmma
+// completed, their loads done), its tile's results as BF16 over that stage: red[row][token],
+// `kWideRedPitch` values a row, tile `group` after tile 0.
 // Returns the warpgroup's red tile. Each N has its own accumulator: one sized for the widest
 // task kept 8 registers live through every narrower K loop and cost 1.03-1.05x there.
-template <int N, bool kFp4>
-__device__ __forceinline__ uint16_t* WideTask(const TaskDesc& d, uint8_t* stage_base, int stages,
+template <int N, bool kFp4, bool kExtended>
+__device__ __forceinline__ uint16_t* WideTask(const LayerParams& p, const TaskDesc& d,
+                                              uint8_t* stage_base, int stages,
                                               int stage_bytes, int a_tile_region, Barriers& bars,
                                               uint64_t mbar_timeout, const WaitEnv& env,
                                               RingCursor& ring, int group, int token_half_bytes) {
@@ -209,6 +212,15 @@ __device__ __forceinline__ uint16_t* WideTask(const TaskDesc& d, uint8_t* stage_
     const float undo = FloatFromBits(static_cast<uint32_t>(127 + d.scale_shift) << 23);
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) acc[i] *= undo;  // exact: a power of two
+  }
+  if constexpr (kExtended) {
+    if (const float* bias = TileBias(p, d.kind, d.block, d.tile + group); bias != nullptr) {
+      // A merged tail's rows (tokens 64..) have their metadata right after the block's.
+      const RowMeta* meta =
+          d.kind == kRoutedW2 ? p.meta + static_cast<int64_t>(d.block) * kWideBm : nullptr;
+      AddTileBias<N>(acc, bias, 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2), meta,
+                     d.rows);
+    }
   }
   const int held = ring.stage == 0 ? stages - 1 : ring.stage - 1;
   NamedBarrier(kConsumerBarrierId, kWideConsumers);
@@ -234,15 +246,16 @@ __device__ __forceinline__ uint16_t* WideTask(const TaskDesc& d, uint8_t* stage_
 
 // The task at the MMA width of its valid rows rounded up to 8 (8 .. 64, or with kMerging 72 or 80
 // for a block with its merged tail).
-template <bool kFp4, bool kMerging>
-__device__ __forceinline__ uint16_t* RunWideTask(const TaskDesc& d, uint8_t* stage_base, int stages,
+template <bool kFp4, bool kMerging, bool kExtended>
+__device__ __forceinline__ uint16_t* RunWideTask(const LayerParams& p, const TaskDesc& d,
+                                                 uint8_t* stage_base, int stages,
                                                  int stage_bytes, int a_tile_region, Barriers& bars,
                                                  uint64_t mbar_timeout, const WaitEnv& env,
                                                  RingCursor& ring, int group,
                                                  int token_half_bytes) {
 #define GCMOE_WIDE_TASK(N)                                                                        \
-  return WideTask<N, kFp4>(d, stage_base, stages, stage_bytes, a_tile_region, bars, mbar_timeout, \
-                           env, ring, group, token_half_bytes)
+  return WideTask<N, kFp4, kExtended>(p, d, stage_base, stages, stage_bytes, a_tile_region, bars, \
+                                      mbar_timeout, env, ring, group, token_half_bytes)
   if (d.rows <= 8) GCMOE_WIDE_TASK(8);
   if (d.rows <= 16) GCMOE_WIDE_TASK(16);
   if (d.rows <= 24) GCMOE_WIDE_TASK(24);

@@ -20,7 +20,7 @@ inline constexpr uint32_t kFullWarp = 0xFFFFFFFFu;
 // W1 (steps 3 and 4a) with kTokens tokens per pass and warp: 32 / kTokens lanes per token, each
 // with kTokens adjacent features (kTokens (lane % (32 / kTokens)) ..), so that the block's amax
 // is a reduction over those lanes and the lane's codes are one store per feature pair.
-template <int kTokens, int kWarps, typename RedAt>
+template <int kTokens, int kWarps, bool kExtended, typename RedAt>
 __device__ __forceinline__ void SwigluPasses(const LayerParams& p, RedAt red, int rows, int tile,
                                              int inter, const RowMeta* meta, uint8_t* h_q) {
   constexpr int kLanes = 32 / kTokens;           // per token
@@ -47,6 +47,7 @@ __device__ __forceinline__ void SwigluPasses(const LayerParams& p, RedAt red, in
         gate = fminf(gate, p.dims.clamp);
         up = fmaxf(fminf(up, p.dims.clamp), -p.dims.clamp);
       }
+      if constexpr (kExtended) up = __fadd_rn(up, p.dims.up_offset);  // gpt-oss: u' + 1
       // Rounded operations, never contracted, in the CPU's order.
       const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(p.dims.alpha, gate))));
       h[i] = __fmul_rn(__fmul_rn(gate, sig), up);
@@ -92,7 +93,50 @@ __device__ __forceinline__ void SwigluPasses(const LayerParams& p, RedAt red, in
   }
 }
 
-// W1 (steps 3 and 4a): a = BF16(W1 x); h = ((g' sigmoid(a g')) u') w; E4M3 per 32 features.
+// The role2 instances with the extended epilogue (kExtended: LayerDims::ExtendedEpilogue) add
+// the expert biases and the up offset; the others have neither in their code, so a model
+// without them pays nothing for them (registers included).
+//
+// The 64 bias values of tile `tile` of a routed task (StepHeader::b1 in W1's tile row order, I/32
+// tiles an expert; b2, H an expert), or null for a shared task or a layer without biases. Read
+// after the task's K loop: nothing of it stays live through the loop.
+__device__ __forceinline__ const float* TileBias(const LayerParams& p, int kind, int block,
+                                                 int tile) {
+  const StepHeader& hdr = *p.header;
+  const float* base = kind == kRoutedW1 ? hdr.b1 : kind == kRoutedW2 ? hdr.b2 : nullptr;
+  if (base == nullptr) return nullptr;
+  const int64_t per_expert = kind == kRoutedW1 ? 2 * p.dims.intermediate : p.dims.hidden;
+  return base + p.blocks[block].local_slot * per_expert + tile * kTileRows;
+}
+
+// Steps 2 and 4b's biases, on one tile's FP32 results before their BF16 rounding, in the
+// accumulator layout both kernels share (mma.sync m16n8 and wgmma m64nN): acc[4j + 2h + e] is
+// tile row `row0` + 8h (row0 = 16 warp + g), token 8j + 2t + e. bias: the tile's 64 values.
+// W1 (meta null): a = W1 x + b1. W2: p = W2 h + w b2, with the routing weight w of each token
+// (meta, `rows` valid; the model's w (W2 h + b2), as h already carries w), w b2 rounded first.
+template <int kCols>
+__device__ __forceinline__ void AddTileBias(float* acc, const float* bias, int row0,
+                                            const RowMeta* meta, int rows) {
+  const int t = threadIdx.x & 3;
+  const float b[2] = {__ldg(&bias[row0]), __ldg(&bias[row0 + 8])};
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int n = 8 * j + 2 * t + e;
+      // A column past the valid rows is never stored; its weight is not read.
+      const float w = meta == nullptr ? 1.0f : n < rows ? __ldcg(&meta[n].weight) : 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float add = meta == nullptr ? b[h] : __fmul_rn(w, b[h]);
+        acc[4 * j + 2 * h + e] = __fadd_rn(acc[4 * j + 2 * h + e], add);
+      }
+    }
+  }
+}
+
+// W1 (steps 3 and 4a): a = BF16(W1 x + b1); h = ((g' sigmoid(alpha g')) (u' + o)) w; E4M3 per
+// 32 features.
 // Tile rows 0..31 are the gate features, 32..63 the matching up features
 // (weight_tiles_sm90.h): one scale block of h. A warp's pass takes four tokens where the block
 // gives every warp at least one such pass, else two or one, so that a small block still spreads
@@ -101,15 +145,15 @@ __device__ __forceinline__ void SwigluPasses(const LayerParams& p, RedAt red, in
 // The quantized h is stored as role2's W2 reads it (LayerParams::act_bf16): the exact BF16 of
 // code x scale, in block column order (bf16_operands.h), 2 bytes per feature and no scale array.
 // Every value is computed by the same rounded operations as the CPU backend's.
-template <int kWarps, typename RedAt>
+template <int kWarps, bool kExtended, typename RedAt>
 __device__ __forceinline__ void SwigluEpilogue(const LayerParams& p, RedAt red, int rows, int tile,
                                                int inter, const RowMeta* meta, uint8_t* h_q) {
   if (rows >= 4 * kWarps) {
-    SwigluPasses<4, kWarps>(p, red, rows, tile, inter, meta, h_q);
+    SwigluPasses<4, kWarps, kExtended>(p, red, rows, tile, inter, meta, h_q);
   } else if (rows >= 2 * kWarps) {
-    SwigluPasses<2, kWarps>(p, red, rows, tile, inter, meta, h_q);
+    SwigluPasses<2, kWarps, kExtended>(p, red, rows, tile, inter, meta, h_q);
   } else {
-    SwigluPasses<1, kWarps>(p, red, rows, tile, inter, meta, h_q);
+    SwigluPasses<1, kWarps, kExtended>(p, red, rows, tile, inter, meta, h_q);
   }
 }
 

@@ -49,7 +49,7 @@ using namespace stream_role2;  // the pipeline and K loops of this kernel, in th
 // red[tile row 64 s + r][token] (`pitch` values per row) complete and visible.
 // `tile_offset`: the task's tile the first of them is (the wgmma kernel's warpgroup 1 runs tile 1
 // alone). `red` holds the results rounded to BF16 (DESIGN.md §4: a = BF16(W x)).
-template <int BM, int kTiles>
+template <int BM, int kTiles, bool kExtended>
 __device__ __forceinline__ void TaskEpilogues(const LayerParams& p, const TaskDesc& d,
                                               const uint16_t* red, int pitch,
                                               int tile_offset = 0) {
@@ -66,11 +66,12 @@ __device__ __forceinline__ void TaskEpilogues(const LayerParams& p, const TaskDe
     const int tile = d.tile + tile_offset + s;
     switch (d.kind) {
       case kSharedW1:
-        SwigluEpilogue<4>(p, red_at, d.rows, tile, Is, nullptr, p.hs_q + first * Is * kActBytes);
+        SwigluEpilogue<4, kExtended>(p, red_at, d.rows, tile, Is, nullptr,
+                                     p.hs_q + first * Is * kActBytes);
         break;
       case kRoutedW1:
-        SwigluEpilogue<4>(p, red_at, d.rows, tile, I, p.meta + first,
-                          p.h_q + first * I * kActBytes);
+        SwigluEpilogue<4, kExtended>(p, red_at, d.rows, tile, I, p.meta + first,
+                                     p.h_q + first * I * kActBytes);
         break;
       case kSharedW2:
         ScatterEpilogue<4>(p, red_at, d.rows, tile, nullptr, d.block * BM);
@@ -122,7 +123,7 @@ __device__ __forceinline__ TaskDesc TakeDescriptor(Barriers& bars, uint32_t desc
 
 // ---- consumers --------------------------------------------------------------------------------
 
-template <int BM>
+template <int BM, bool kExtended>
 __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages, int stage_bytes,
                           uint8_t* red_buffer, Barriers& bars) {
   constexpr int kTiles = Role2TilesPerTask(BM);
@@ -162,6 +163,16 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] *= undo;  // exact: a power of two
     }
+    if constexpr (kExtended) {
+      if (const float* bias = TileBias(p, d.kind, d.block, d.tile); bias != nullptr) {
+        const RowMeta* meta =
+            d.kind == kRoutedW2 ? p.meta + static_cast<int64_t>(d.block) * BM : nullptr;
+#pragma unroll
+        for (int s = 0; s < kTiles; ++s) {
+          AddTileBias<BM>(&acc[s * BM / 2], bias + s * kTileRows, warp * 16 + g, meta, d.rows);
+        }
+      }
+    }
 
     // The tiles' results to shared memory: red[tile s row 0..63 at 64 s + row][token].
 #pragma unroll
@@ -179,7 +190,7 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
       }
     }
     NamedBarrier(kConsumerBarrierId, kConsumerThreads);  // red complete
-    TaskEpilogues<BM, kTiles>(p, d, red, RedPitch(BM));
+    TaskEpilogues<BM, kTiles, kExtended>(p, d, red, RedPitch(BM));
     // Every consumer's stores of the task are issued and red may be overwritten. bar.sync is
     // CTA-scope synchronization and the release below is cumulative, so thread 0's release
     // covers the other consumers' W1 outputs.
@@ -198,7 +209,7 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
 // ---- the wgmma kernel (BM 64: bf16_wgmma_sm90.cuh) --------------------------------------------
 
 // Warpgroup `group` (threads 128 group ..) of the consumers: tile `group` of every task.
-template <bool kShared, bool kMerge>
+template <bool kShared, bool kMerge, bool kExtended>
 __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int stages,
                               int stage_bytes, Barriers& bars) {
   const int group = threadIdx.x / kConsumerThreads;
@@ -214,13 +225,15 @@ __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int sta
     const uint64_t start_ns = p.task_trace != nullptr ? GlobalTimerNs() : 0;
     uint16_t* red_tile =
         d.kind == kRoutedW1 || d.kind == kRoutedW2
-            ? RunWideTask<true, kMerge>(d, stage_base, stages, stage_bytes, a_tile_region, bars,
-                                        mbar_timeout, env, ring, group, token_half_bytes)
-            : RunWideTask<false, kMerge>(d, stage_base, stages, stage_bytes, a_tile_region, bars,
-                                         mbar_timeout, env, ring, group, token_half_bytes);
+            ? RunWideTask<true, kMerge, kExtended>(p, d, stage_base, stages, stage_bytes,
+                                                   a_tile_region, bars, mbar_timeout, env, ring,
+                                                   group, token_half_bytes)
+            : RunWideTask<false, kMerge, false>(p, d, stage_base, stages, stage_bytes,
+                                                a_tile_region, bars, mbar_timeout, env, ring,
+                                                group, token_half_bytes);
     const int held = ring.stage == 0 ? stages - 1 : ring.stage - 1;  // the stage red is over
     NamedBarrier(barrier, kConsumerThreads);                         // red complete
-    TaskEpilogues<kWideBm, 1>(p, d, red_tile, kWideRedPitch, group);
+    TaskEpilogues<kWideBm, 1, kExtended>(p, d, red_tile, kWideRedPitch, group);
     // Every store of the warpgroup's tile is issued and its red is read: the stage goes back.
     NamedBarrier(barrier, kConsumerThreads);
     FenceProxyAsyncShared();  // behind this thread's accesses of the stage (the refill)
@@ -233,8 +246,9 @@ __device__ void WideConsumers(const LayerParams& p, uint8_t* stage_base, int sta
 // One instance per stage layout: with or without the shared expert (WideTokenRows), so that the
 // token rows' extent is a constant of the K loop (as a runtime value it cost 1-2 %). Without the
 // shared expert also one without merged tails (kMerge), for steps that have none: the N = 80
-// path's registers cost the other loops 0.5-2.7 %.
-template <bool kShared, bool kMerge>
+// path's registers cost the other loops 0.5-2.7 %. Each also with the extended epilogue
+// (kExtended, gemm_epilogue_sm90.cuh): its bias code cost the default instances' K loops spills.
+template <bool kShared, bool kMerge, bool kExtended>
 __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
     GroupedGemmWgmmaBf16Kernel(const __grid_constant__ LayerParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -259,7 +273,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
   if (threadIdx.x >= kWideConsumers) {
     Producer<kWideBm, true, kShared, kMerge>(p, smem, stages, stage_bytes, bars);
   } else {
-    WideConsumers<kShared, kMerge>(p, smem, stages, stage_bytes, bars);
+    WideConsumers<kShared, kMerge, kExtended>(p, smem, stages, stage_bytes, bars);
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");  // as GroupedGemmStreamKernel
 }
@@ -271,7 +285,7 @@ __global__ void __launch_bounds__(kWideThreads, kWideMaxCtasPerSm)
 __host__ __device__ constexpr int MaxRegisters(int bm) {
   return 65536 / 4 / ((TargetCtasPerSm(bm) * (kStreamThreads / 32) + 3) / 4) / 32 / 8 * 8;
 }
-template <int BM>
+template <int BM, bool kExtended>
 __global__ void __launch_bounds__(kStreamThreads) __maxnreg__(MaxRegisters(BM))
     GroupedGemmStreamKernel(const __grid_constant__ LayerParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -298,7 +312,7 @@ __global__ void __launch_bounds__(kStreamThreads) __maxnreg__(MaxRegisters(BM))
   if (threadIdx.x >= kConsumerThreads) {
     Producer<BM>(p, smem, stages, stage_bytes, bars);
   } else {
-    Consumers<BM>(p, smem, stages, stage_bytes, red, bars);
+    Consumers<BM, kExtended>(p, smem, stages, stage_bytes, red, bars);
   }
   // Launched early behind role1 (LaunchGroupedGemmRole2's `early`), this grid must not end
   // before role1 has: role3, next in the stream, resets what role1 may still be using. A no-op
@@ -310,29 +324,35 @@ using GemmKernelFn = void (*)(LayerParams);
 
 // has_shared: the layer has the shared expert (the wgmma kernel has an instance for each);
 // merge_tails: the wgmma kernel's instance that runs merged tails (without the shared expert).
+template <bool kExtended>
 GemmKernelFn KernelFor(int bm, bool has_shared, bool merge_tails) {
   switch (bm) {
     case 8:
-      return GroupedGemmStreamKernel<8>;
+      return GroupedGemmStreamKernel<8, kExtended>;
     case 16:
-      return GroupedGemmStreamKernel<16>;
+      return GroupedGemmStreamKernel<16, kExtended>;
     case 32:
-      return GroupedGemmStreamKernel<32>;
+      return GroupedGemmStreamKernel<32, kExtended>;
     case kWideBm:
-      if (has_shared) return GroupedGemmWgmmaBf16Kernel<true, false>;
-      return merge_tails ? GroupedGemmWgmmaBf16Kernel<false, true>
-                         : GroupedGemmWgmmaBf16Kernel<false, false>;
+      if (has_shared) return GroupedGemmWgmmaBf16Kernel<true, false, kExtended>;
+      return merge_tails ? GroupedGemmWgmmaBf16Kernel<false, true, kExtended>
+                         : GroupedGemmWgmmaBf16Kernel<false, false, kExtended>;
     default:
       return nullptr;
   }
+}
+// extended: the instances with the extended epilogue (ExtendedEpilogue).
+GemmKernelFn KernelFor(int bm, bool has_shared, bool merge_tails, bool extended) {
+  return extended ? KernelFor<true>(bm, has_shared, merge_tails)
+                  : KernelFor<false>(bm, has_shared, merge_tails);
 }
 
 }  // namespace
 
 cudaError_t LoadGroupedGemmKernels() {
   for (int bm : kBlockSizes) {
-    for (int variant = 0; variant < 4; ++variant) {
-      const GemmKernelFn kernel = KernelFor(bm, variant & 1, variant & 2);
+    for (int variant = 0; variant < 8; ++variant) {
+      const GemmKernelFn kernel = KernelFor(bm, variant & 1, variant & 2, variant & 4);
       cudaFuncAttributes attributes;
       cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
       if (err == cudaSuccess) {
@@ -353,7 +373,7 @@ cudaError_t LoadGroupedGemmKernels() {
 
 cudaError_t Role2ShapeFor(const LayerDims& dims, int bm, Role2Shape* shape) {
   const bool has_shared = dims.shared_intermediate > 0;
-  const GemmKernelFn kernel = KernelFor(bm, has_shared, true);
+  const GemmKernelFn kernel = KernelFor(bm, has_shared, true, ExtendedEpilogue(dims));
   if (kernel == nullptr) return cudaErrorInvalidValue;
   const bool wide = bm == kWideBm;
   // As many stages as fit the shared memory of TargetCtasPerSm resident CTAs (the wgmma kernel:
@@ -372,8 +392,8 @@ cudaError_t Role2ShapeFor(const LayerDims& dims, int bm, Role2Shape* shape) {
 
 cudaError_t LaunchGroupedGemmRole2(const LayerParams& params, const Role2Shape& shape, int grid,
                                    cudaStream_t stream, bool early, bool merge_tails) {
-  const GemmKernelFn kernel =
-      KernelFor(params.bm, params.dims.shared_intermediate > 0, merge_tails);
+  const GemmKernelFn kernel = KernelFor(params.bm, params.dims.shared_intermediate > 0,
+                                        merge_tails, ExtendedEpilogue(params.dims));
   if (kernel == nullptr || params.r2_stages != shape.stages) return cudaErrorInvalidValue;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(grid));

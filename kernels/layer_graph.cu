@@ -347,6 +347,15 @@ cudaError_t LayerGraph::SetPeerBases(const std::vector<uint8_t*>& bases) {
   return CaptureAll();
 }
 
+cudaError_t LayerGraph::SetExpertBiases(bool has_biases) {
+  if ((options_.dims.has_biases != 0) == has_biases) return cudaSuccess;
+  const cudaError_t err = cudaStreamSynchronize(pair_->compute_stream);
+  if (err != cudaSuccess) return err;
+  options_.dims.has_biases = has_biases ? 1 : 0;
+  DestroyGraphs();
+  return CaptureAll();
+}
+
 cudaError_t LayerGraph::LaunchAllToAllStage(AllToAllStage stage, int bm) {
   const int index = BlockSizeIndex(bm);
   if (index < 0 || a2a_send_ == nullptr) return cudaErrorInvalidValue;

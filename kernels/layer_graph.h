@@ -105,6 +105,10 @@ class LayerGraph {
   // bases[r]: rank r's exchange region as mapped here (bases[rank] = exchange_base()). Call
   // with no replay in flight; recaptures every graph.
   cudaError_t SetPeerBases(const std::vector<uint8_t*>& bases);
+  // Whether the layers' weights have expert biases (LayerDims::has_biases): role2 then runs its
+  // instances with the extended epilogue (ExtendedEpilogue). Call with no replay in flight;
+  // recaptures every graph when it changes.
+  cudaError_t SetExpertBiases(bool has_biases);
 
   // The NCCL all-to-all baseline (options.alltoall), launched on stream(): its own stages, and
   // role2 and role3 with the rank-local peer table.

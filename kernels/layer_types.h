@@ -41,7 +41,15 @@ struct LayerDims {
   int32_t has_clamp = 0;
   float alpha = 1.0f;
   float clamp = 0.0f;
+  float up_offset = 0.0f;  // o in h = g' sigmoid(alpha g') (u' + o) w (DESIGN.md §4 step 3)
+  int32_t has_biases = 0;  // the weights have expert biases (StepHeader::b1 / b2)
 };
+
+// Whether role2 runs its instances with the extended epilogue: expert biases and the up offset
+// (gemm_epilogue_sm90.cuh). Without either, the default instances.
+GCMOE_HOST_DEVICE constexpr bool ExtendedEpilogue(const LayerDims& d) {
+  return d.has_biases != 0 || d.up_offset != 0.0f;
+}
 
 // role2's tasks in a step (role2_tasks_sm90.cuh hands them out): per routed block its W1 tiles
 // (32 SwiGLU features each, I/32) and W2 tiles (H/64); per shared-expert block the same over I_s;
@@ -134,6 +142,10 @@ struct StepHeader {
   // [local_experts][W1, W2], then the shared expert's [W1, W2]. A task multiplies its FP32
   // results by 2^shift (exact).
   const int32_t* scale_shift;
+  // Expert biases (DESIGN.md §4 steps 2 and 4), FP32, or both null for a model without them:
+  // b1 in W1's tile row order ([local_experts][I/32 tiles][32 gate, 32 up]), b2 [local_experts][H].
+  const float* b1;
+  const float* b2;
 };
 
 // Scalar signals, device-persistent across replays. Invariant at the start of every replay:

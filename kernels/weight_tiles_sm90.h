@@ -144,16 +144,28 @@ GCMOE_HOST_DEVICE constexpr int64_t TileBytes(TileFormat format, int k) {
   return static_cast<int64_t>(k / 128) * 4 * ChunkBytes(format);
 }
 
+// Zero padding of a matrix whose rows (features) or K are not multiples of the tiles' 64 / 128
+// (DESIGN.md §6): the tiles are packed at the padded sizes, every code past the source's rows or
+// K is zero, and its block scale is `fill_scale`, a code the matrix already has, so the padding
+// widens no scale range (CudaBackend's BF16 scale bound) and contributes exactly 0 to each sum.
+// rows / k of 0: no padding on that side.
+struct TilePadding {
+  int rows = 0;  // padded I (gated) or N (plain)
+  int k = 0;     // padded K, a multiple of 128
+  uint8_t fill_scale = 127;
+};
+
 // A gated W1 [2I, K] (rows 0..I-1 gate, I..2I-1 up) becomes I/32 tiles; tile j holds gate rows
 // 32j..32j+31 then up rows I+32j..I+32j+31, so one tile yields 32 SwiGLU features (one scale
-// block of h). codes: [2I, K/2] (E2M1) or [2I, K] (E4M3); scales: [2I, K/32].
+// block of h). codes: [2I, K/2] (E2M1) or [2I, K] (E4M3); scales: [2I, K/32]. The sizes of
+// GatedTilesBytes are the padded ones.
 int64_t GatedTilesBytes(TileFormat format, int inter, int k);
 void PackGatedTiles(TileFormat format, const uint8_t* codes, const uint8_t* scales, int inter,
-                    int k, uint8_t* dst);
+                    int k, uint8_t* dst, const TilePadding& pad = {});
 
 // A plain [N, K] matrix (W2) becomes N/64 tiles of consecutive rows.
 int64_t PlainTilesBytes(TileFormat format, int rows, int k);
 void PackPlainTiles(TileFormat format, const uint8_t* codes, const uint8_t* scales, int rows, int k,
-                    uint8_t* dst);
+                    uint8_t* dst, const TilePadding& pad = {});
 
 }  // namespace gcmoe::kernels

@@ -131,6 +131,7 @@ int RunBenchLayer(int argc, char** argv) {
   bool no_merge_tails = false;
   bool no_heaviest_first = false;
   bool no_direct_rows = false;
+  bool biases = false;
   int force_bm = 0;
   int repeat = 0;
   int nondeterministic = 0;
@@ -167,6 +168,8 @@ int RunBenchLayer(int argc, char** argv) {
   flags.Bool("no-direct-rows", &no_direct_rows,
              "ablation: role1 pulls ring blocks after its barrier instead of writing each "
              "token's ring rows as it quantizes");
+  flags.Bool("biases", &biases,
+             "random weights with expert biases b1 and b2 (as gpt-oss), to time the bias path");
   flags.Int("repeat", &repeat, "run every step this many more times and check the bits repeat");
   if (const int rc = flags.ParseOrExit(argc, argv, 1); rc >= 0) return rc;
   if (config_path.empty()) {
@@ -240,7 +243,10 @@ int RunBenchLayer(int argc, char** argv) {
                parts.total_sms, parts.compute_sms, parts.dispatch_sms,
                parts.green ? "green contexts" : parts.fallback_reason.c_str());
 
-  const int64_t expert_bytes = RandomCodeWeightSource::RoutedExpertBytes(spec);
+  // With --biases, each active expert's b1 and b2 (FP32 on the device) count too.
+  const int64_t expert_bytes =
+      RandomCodeWeightSource::RoutedExpertBytes(spec) +
+      (biases ? 4 * (2 * static_cast<int64_t>(spec.intermediate) + spec.hidden) : 0);
   const int64_t shared_bytes =
       spec.has_shared() ? RandomCodeWeightSource::SharedExpertBytes(spec) : 0;
   std::fprintf(stderr, "loading %d experts (%.0f MB of codes and scales%s) ...\n", spec.num_experts,
@@ -249,7 +255,7 @@ int RunBenchLayer(int argc, char** argv) {
   const auto load_start = std::chrono::steady_clock::now();
   std::unique_ptr<engine::WeightSource> weights;
   if (weights_mode == "random") {
-    weights = std::make_unique<RandomCodeWeightSource>(spec, static_cast<uint64_t>(seed));
+    weights = std::make_unique<RandomCodeWeightSource>(spec, static_cast<uint64_t>(seed), biases);
   } else if (weights_mode == "config") {
     auto opened = engine::WeightSource::Open(spec);
     if (!opened.ok()) return fail("opening the weights", opened.status());
@@ -369,8 +375,9 @@ int RunBenchLayer(int argc, char** argv) {
     rows.push_back(row);
   }
 
-  std::printf("gcmoe bench layer: %s (H %d, I %d, %d local experts, top-%d, shared I %d)\n",
-              config_path.c_str(), H, spec.intermediate, E, k, spec.shared_intermediate);
+  std::printf("gcmoe bench layer: %s (H %d, I %d, %d local experts, top-%d, shared I %d%s)\n",
+              config_path.c_str(), H, spec.intermediate, E, k, spec.shared_intermediate,
+              biases ? ", expert biases" : "");
   std::printf(
       "GPU split %d compute + %d dispatch SMs (%s); copy bandwidth %.0f GB/s (read + write); "
       "%d ms settling + %d warm-up + %d timed replays per row\n",

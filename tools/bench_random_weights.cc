@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/number_formats.h"
 #include "common/splitmix64.h"
 
 namespace gcmoe::tools {
@@ -50,14 +51,23 @@ void FillE4M3(Stream* s, std::vector<uint8_t>* codes) {
   }
 }
 
+// BF16 values uniform in [-1, 1] (gpt-oss stores its biases in BF16).
+void FillBiases(Stream* s, std::vector<float>* values) {
+  for (float& v : *values) {
+    const double unit = static_cast<double>(s->Next() >> 11) * 0x1p-53;  // [0, 1)
+    v = numerics::RoundToBF16(static_cast<float>(2.0 * unit - 1.0));
+  }
+}
+
 // RMS of the code values each generator draws (E2M1: all 16 codes; E4M3: the band above).
 constexpr double kE2M1Rms = 2.93;
 constexpr double kE4M3Rms = 1.45;
 
 }  // namespace
 
-RandomCodeWeightSource::RandomCodeWeightSource(const engine::ModelSpec& spec, uint64_t seed)
-    : spec_(spec), seed_(seed) {}
+RandomCodeWeightSource::RandomCodeWeightSource(const engine::ModelSpec& spec, uint64_t seed,
+                                               bool biases)
+    : spec_(spec), seed_(seed), biases_(biases) {}
 
 std::string RandomCodeWeightSource::Describe() const {
   return "random-codes:" + std::to_string(seed_);
@@ -80,6 +90,13 @@ Result<engine::ExpertWeights> RandomCodeWeightSource::LoadExpert(int layer, int 
   FillScales(&s, kE2M1Rms, spec_.hidden, &w.w1_scales);
   FillE2M1(&s, &w.w2);
   FillScales(&s, kE2M1Rms, spec_.intermediate, &w.w2_scales);
+  if (biases_) {
+    Stream b(TensorSeed(seed_, layer, expert, 1));
+    w.b1.resize(2 * I);
+    w.b2.resize(H);
+    FillBiases(&b, &w.b1);
+    FillBiases(&b, &w.b2);
+  }
   return w;
 }
 

@@ -5,7 +5,8 @@
 //
 // The codes cover every E2M1 nibble and a band of E4M3 exponents; block scales vary by a
 // factor of 2 around 1/(rms code * sqrt(K)) per block, so activations keep unit scale through
-// the layer and every block carries its own scale.
+// the layer and every block carries its own scale. With `biases` every routed expert also has
+// b1 and b2 (as gpt-oss), BF16 values uniform in [-1, 1].
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,7 @@ namespace gcmoe::tools {
 
 class RandomCodeWeightSource final : public engine::WeightSource {
  public:
-  RandomCodeWeightSource(const engine::ModelSpec& spec, uint64_t seed);
+  RandomCodeWeightSource(const engine::ModelSpec& spec, uint64_t seed, bool biases = false);
 
   const engine::ModelSpec& spec() const override { return spec_; }
   std::string Describe() const override;
@@ -36,6 +37,7 @@ class RandomCodeWeightSource final : public engine::WeightSource {
  private:
   engine::ModelSpec spec_;
   uint64_t seed_;
+  bool biases_;
 };
 
 }  // namespace gcmoe::tools

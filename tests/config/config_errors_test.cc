@@ -104,20 +104,6 @@ const BadConfig kBadConfigs[] = {
      "parallel.devices[1]: expected a non-negative integer (a GPU index), got -1"},
     {"DevicesNotAList", [](json& j) { j["parallel"]["devices"] = 0; },
      "parallel.devices: expected a list of GPU indices, one per rank, got 0"},
-    {"CudaHiddenNotMultipleOf128",
-     [](json& j) {
-       j["engine"]["backend"] = "cuda";
-       j["model"]["hidden"] = 160;
-     },
-     "model.hidden: expected a multiple of 128 with engine.backend \"cuda\" (the GPU kernels tile "
-     "H and I by 128), got 160"},
-    {"CudaIntermediateNotMultipleOf128",
-     [](json& j) {
-       j["engine"]["backend"] = "cuda";
-       j["model"]["intermediate"] = 96;
-     },
-     "model.intermediate: expected a multiple of 128 with engine.backend \"cuda\" (the GPU kernels "
-     "tile H and I by 128), got 96"},
     {"BackendUnknown", [](json& j) { j["engine"]["backend"] = "gpu"; },
      "engine.backend: expected \"cpu\" or \"cuda\", got \"gpu\""},
     {"ExchangeUnknown", [](json& j) { j["engine"]["exchange"] = "mpi"; },
@@ -275,9 +261,7 @@ TEST(ConfigErrors, EveryProblemIsReportedTogetherInDocumentOrder) {
           "balancer.passes: expected a positive integer or \"auto\", got 0",
           "server.listen: expected host:port, got \"localhost\"",
           "model.activaton: unknown key (did you mean model.activation?)",
-          "model.top_k: expected at most model.experts (4), got 8",
-          "model.intermediate: expected a multiple of 128 with engine.backend \"cuda\" (the GPU "
-          "kernels tile H and I by 128), got 96"));
+          "model.top_k: expected at most model.experts (4), got 8"));
 }
 
 TEST(ConfigErrors, RulesBetweenKeysSkipKeysThatAlreadyFailed) {

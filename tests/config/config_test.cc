@@ -67,6 +67,17 @@ TEST(ConfigExamples, GpuRankExamplesDescribeOneRankOfEp8) {
   EXPECT_EQ(ds->model.top_k, 6);
   EXPECT_EQ(ds->engine.backend, "cuda");
 
+  // gpt-oss-120b's layer (H = I = 2880, not multiples of 128) on the CUDA backend: the GPU
+  // kernels run it zero-padded (DESIGN.md §6), so nothing in the config refuses it.
+  Result<Config> oss = LoadConfigFile(ExamplePath("gpt-oss-120b-layer.json"));
+  ASSERT_TRUE(oss.ok()) << oss.status().ToString();
+  EXPECT_EQ(oss->model.hidden, 2880);
+  EXPECT_EQ(oss->model.intermediate, 2880);
+  EXPECT_EQ(oss->model.experts, 128);
+  EXPECT_EQ(oss->model.top_k, 4);
+  EXPECT_EQ(oss->model.activation_up_offset, 1.0f);
+  EXPECT_EQ(oss->engine.backend, "cuda");
+
   Result<Config> whole = LoadConfigFile(ExamplePath("deepseek-v4.1-flash-ep8.json"));
   ASSERT_TRUE(whole.ok()) << whole.status().ToString();
   EXPECT_EQ(whole->model.experts, 384);

@@ -77,18 +77,6 @@ TEST(CudaBackendCreate, UnknownExchangeIsRejected) {
   EXPECT_NE(backend.status().message().find("engine.exchange"), std::string::npos);
 }
 
-// Shapes the kernels have no tails for are refused as not implemented (the CPU backend serves
-// them), before any device is touched.
-TEST(CudaBackendCreate, HiddenNotAMultipleOf128IsRejected) {
-  BackendOptions o = Options();
-  o.model.hidden = 96;
-  auto backend = CreateCudaBackend(o);
-  ASSERT_FALSE(backend.ok());
-  EXPECT_EQ(backend.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(backend.status().message().find("multiples of 128"), std::string::npos);
-  EXPECT_NE(backend.status().message().find("engine.backend \"cpu\""), std::string::npos);
-}
-
 TEST(CudaBackendCreate, WithoutAGpuItIsUnavailable) {
   if (kernels_test::HasGpu()) {
     auto backend = CreateCudaBackend(Options());

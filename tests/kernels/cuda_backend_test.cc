@@ -33,31 +33,6 @@ engine::ModelSpec SmallModel(bool shared) {
   return spec;
 }
 
-// Runs both backends; returns the CUDA output.
-StepOutput ExpectMatch(BackendPair* pair, const StepInputs& in, uint64_t generation,
-                       const std::string& label) {
-  StepOutput cpu, gpu;
-  Status s = pair->Run(pair->cpu(), in, generation, &cpu);
-  EXPECT_TRUE(s.ok()) << label << ": cpu: " << s.ToString();
-  s = pair->Run(pair->cuda(), in, generation, &gpu);
-  EXPECT_TRUE(s.ok()) << label << ": cuda: " << s.ToString();
-  EXPECT_EQ(cpu.output.size(), gpu.output.size()) << label;
-  EXPECT_EQ(cpu.assignments_computed, gpu.assignments_computed) << label;
-  const auto x = OutputValues(cpu, in.output_fp32);
-  const auto y = OutputValues(gpu, in.output_fp32);
-  EXPECT_TRUE(AllFinite(y)) << label << ": NaN or Inf in the CUDA output";
-  double energy = 0.0;
-  for (double v : x) energy += v * v;
-  bool any_assignment = false;
-  for (int32_t e : in.topk_ids) any_assignment = any_assignment || e >= 0;
-  if (any_assignment) {
-    EXPECT_GT(energy, 0.0) << label << ": the reference is all zero";
-  }
-  const double diff = CalcDiff(x, y);
-  EXPECT_LT(diff, 1e-4) << label << " (BM " << pair->cuda()->last_block_rows() << ")";
-  return gpu;
-}
-
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -358,6 +333,17 @@ TEST_F(CudaBackendTest, SanitizerCase) {
   ASSERT_TRUE(merged->cuda()->ForceBlockRows(64).ok());
   const StepInputs tail = MakeInputs(routed, 70, DType::kBF16, Routing::kOneExpert, &rng);
   ExpectMatch(merged.get(), tail, ++generation_, "sanitizer case, wgmma merged tail");
+  // Zero-padded H, I and I_s with expert biases and the gpt-oss activation, on both kernels
+  // (cuda_backend_shapes_test.cc): the padded row pitches and the bias reads.
+  const engine::ModelSpec padded = GptOssStyleModel(160, 96, 8, 4, 224);
+  server::RandomCodeWeightSource padded_weights(padded, 18, /*biases=*/true);
+  auto odd = BackendPair::Create(padded, 16, padded_weights);
+  ASSERT_NE(odd, nullptr);
+  for (int bm : {16, 64}) {
+    ASSERT_TRUE(odd->cuda()->ForceBlockRows(bm).ok());
+    const StepInputs in = MakeInputs(padded, 9, DType::kBF16, Routing::kUniform, &rng);
+    ExpectMatch(odd.get(), in, ++generation_, "sanitizer case, padded with biases");
+  }
 }
 
 }  // namespace

@@ -28,6 +28,22 @@ bool HasGpu() {
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
+engine::ModelSpec GptOssStyleModel(int hidden, int intermediate, int experts, int top_k,
+                                   int shared_intermediate) {
+  engine::ModelSpec spec;
+  spec.hidden = hidden;
+  spec.intermediate = intermediate;
+  spec.num_experts = experts;
+  spec.top_k = top_k;
+  spec.num_layers = 1;
+  spec.shared_intermediate = shared_intermediate;
+  spec.activation_alpha = 1.702f;
+  spec.activation_clamp = 7.0f;
+  spec.activation_up_offset = 1.0f;
+  spec.weights = "synthetic:1";
+  return spec;
+}
+
 StepInputs MakeInputs(const engine::ModelSpec& spec, int num_tokens, engine::DType dtype,
                       Routing routing, std::mt19937_64* rng) {
   const int H = spec.hidden;
@@ -163,6 +179,30 @@ Status BackendPair::Run(engine::Backend* backend, const StepInputs& in, uint64_t
   ctx.plan = &plan_;
   ctx.output_fp32 = in.output_fp32;
   return backend->Step(ctx, out);
+}
+
+engine::StepOutput ExpectMatch(BackendPair* pair, const StepInputs& in, uint64_t generation,
+                               const std::string& label) {
+  engine::StepOutput cpu, gpu;
+  Status s = pair->Run(pair->cpu(), in, generation, &cpu);
+  EXPECT_TRUE(s.ok()) << label << ": cpu: " << s.ToString();
+  s = pair->Run(pair->cuda(), in, generation, &gpu);
+  EXPECT_TRUE(s.ok()) << label << ": cuda: " << s.ToString();
+  EXPECT_EQ(cpu.output.size(), gpu.output.size()) << label;
+  EXPECT_EQ(cpu.assignments_computed, gpu.assignments_computed) << label;
+  const auto x = OutputValues(cpu, in.output_fp32);
+  const auto y = OutputValues(gpu, in.output_fp32);
+  EXPECT_TRUE(AllFinite(y)) << label << ": NaN or Inf in the CUDA output";
+  double energy = 0.0;
+  for (double v : x) energy += v * v;
+  bool any_assignment = false;
+  for (int32_t e : in.topk_ids) any_assignment = any_assignment || e >= 0;
+  if (any_assignment) {
+    EXPECT_GT(energy, 0.0) << label << ": the reference is all zero";
+  }
+  const double diff = CalcDiff(x, y);
+  EXPECT_LT(diff, 1e-4) << label << " (BM " << pair->cuda()->last_block_rows() << ")";
+  return gpu;
 }
 
 std::vector<double> OutputValues(const engine::StepOutput& out, bool fp32) {

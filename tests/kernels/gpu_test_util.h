@@ -37,6 +37,11 @@ enum class Routing {
   kAllOnOneExpert,  // slot 0 on expert 1, every other slot unused
 };
 
+// A one-layer model with gpt-oss's activation (alpha 1.702, clamp 7, up offset 1) on the given
+// shape; shared_intermediate 0: no shared expert.
+engine::ModelSpec GptOssStyleModel(int hidden, int intermediate, int experts, int top_k,
+                                   int shared_intermediate);
+
 StepInputs MakeInputs(const engine::ModelSpec& spec, int num_tokens, engine::DType dtype,
                       Routing routing, std::mt19937_64* rng);
 
@@ -63,6 +68,12 @@ class BackendPair {
   std::unique_ptr<engine::CudaBackend> cuda_;
   engine::StepPlan plan_;
 };
+
+// Runs the step on both backends of `pair` and expects the DESIGN.md §4 agreement (both steps
+// succeed, the same assignments, calc_diff < 1e-4, no NaN or Inf, a reference that is not all
+// zero when any slot is used); `label` names the case in failures. Returns the CUDA output.
+engine::StepOutput ExpectMatch(BackendPair* pair, const StepInputs& in, uint64_t generation,
+                               const std::string& label);
 
 // Outputs (BF16 or FP32 bytes) as doubles.
 std::vector<double> OutputValues(const engine::StepOutput& out, bool fp32);

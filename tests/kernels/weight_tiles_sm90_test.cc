@@ -61,28 +61,42 @@ std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   return v;
 }
 
-// The source row of stripe row r for a gated (W1) or plain (W2) tile.
-int SourceRow(bool gated, int inter, int tile, int stripe, int r) {
-  if (!gated) return tile * 64 + stripe * 16 + r;
+// The source row of stripe row r for a gated (W1) or plain (W2) tile, -1 past the source's rows
+// (padding).
+int SourceRow(bool gated, int rows_or_inter, int tile, int stripe, int r) {
+  if (!gated) {
+    const int row = tile * 64 + stripe * 16 + r;
+    return row < rows_or_inter ? row : -1;
+  }
   const int feature = tile * 32 + (stripe % 2) * 16 + r;
-  return stripe < 2 ? feature : inter + feature;
+  if (feature >= rows_or_inter) return -1;
+  return stripe < 2 ? feature : rows_or_inter + feature;
 }
 
-void CheckTiles(TileFormat format, bool gated, int rows_or_inter, int k) {
+// Packs a random [rows, k] source (gated: [2 inter, k]) into tiles, zero-padded to
+// padded_rows_or_inter x padded_k when those are given, and checks every element a lane reads:
+// the source's code and scale, or code 0 with the fill scale in the padding (TilePadding).
+void CheckTiles(TileFormat format, bool gated, int rows_or_inter, int k,
+                int padded_rows_or_inter = 0, int padded_k = 0) {
   const int rows = gated ? 2 * rows_or_inter : rows_or_inter;
   const int code_row = IsFp4(format) ? k / 2 : k;
   const auto codes = RandomBytes(static_cast<size_t>(rows) * code_row, 1);
   const auto scales = RandomBytes(static_cast<size_t>(rows) * (k / 32), 2);
+  const TilePadding pad{padded_rows_or_inter, padded_k, 0x7B};
+  const int tile_rows = pad.rows > 0 ? pad.rows : rows_or_inter;
+  const int tile_k = pad.k > 0 ? pad.k : k;
   const int64_t bytes =
-      gated ? GatedTilesBytes(format, rows_or_inter, k) : PlainTilesBytes(format, rows_or_inter, k);
+      gated ? GatedTilesBytes(format, tile_rows, tile_k) : PlainTilesBytes(format, tile_rows, tile_k);
   std::vector<uint8_t> tiles(bytes, 0xEE);
   if (gated) {
-    PackGatedTiles(format, codes.data(), scales.data(), rows_or_inter, k, tiles.data());
+    PackGatedTiles(format, codes.data(), scales.data(), rows_or_inter, k, tiles.data(), pad);
   } else {
-    PackPlainTiles(format, codes.data(), scales.data(), rows_or_inter, k, tiles.data());
+    PackPlainTiles(format, codes.data(), scales.data(), rows_or_inter, k, tiles.data(), pad);
   }
-  const int num_tiles = gated ? rows_or_inter / 32 : rows_or_inter / 64;
-  ASSERT_EQ(bytes, num_tiles * TileBytes(format, k));
+  const int num_tiles = gated ? tile_rows / 32 : tile_rows / 64;
+  ASSERT_EQ(bytes, num_tiles * TileBytes(format, tile_k));
+  const int k_src = k;
+  k = tile_k;  // the loops below walk the tiles' K
   int checked = 0;
   for (int tile = 0; tile < num_tiles; ++tile) {
     for (int stripe = 0; stripe < 4; ++stripe) {
@@ -113,11 +127,16 @@ void CheckTiles(TileFormat format, bool gated, int rows_or_inter, int k) {
                     got = numerics::DecodeE4M3(static_cast<uint8_t>(reg >> (8 * (i % 4)))) *
                           kE2m1DecodeScale;
                   }
-                  want = numerics::DecodeE2M1(static_cast<uint8_t>(
-                      codes[static_cast<size_t>(row) * code_row + pos / 2] >> (4 * (pos % 2))));
+                  want = row < 0 || pos >= k_src
+                             ? 0.0f
+                             : numerics::DecodeE2M1(static_cast<uint8_t>(
+                                   codes[static_cast<size_t>(row) * code_row + pos / 2] >>
+                                   (4 * (pos % 2))));
                 } else {
                   got = numerics::DecodeE4M3(chunk[kb * 512 + lane * 16 + half * 8 + i]);
-                  want = numerics::DecodeE4M3(codes[static_cast<size_t>(row) * code_row + pos]);
+                  want = row < 0 || pos >= k_src
+                             ? 0.0f
+                             : numerics::DecodeE4M3(codes[static_cast<size_t>(row) * code_row + pos]);
                 }
                 // Bit-equal floats: NaN codes (E4M3 only) compare by bits, signed zeros too.
                 ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
@@ -126,14 +145,17 @@ void CheckTiles(TileFormat format, bool gated, int rows_or_inter, int k) {
                 ++checked;
               }
               const uint8_t scale = chunk[ChunkPayloadBytes(format) + g * 8 + kb * 2 + half];
-              ASSERT_EQ(scale, scales[static_cast<size_t>(row) * (k / 32) + c * 4 + kb]);
+              const int block = c * 4 + kb;
+              ASSERT_EQ(scale, row < 0 || block >= k_src / 32
+                                   ? pad.fill_scale
+                                   : scales[static_cast<size_t>(row) * (k_src / 32) + block]);
             }
           }
         }
       }
     }
   }
-  EXPECT_EQ(checked, rows * k);  // every element read exactly once
+  EXPECT_EQ(checked, (gated ? 2 * tile_rows : tile_rows) * k);  // every element read once
 }
 
 TEST(WeightTilesSm90, GatedE2M1MatchesFragments) { CheckTiles(TileFormat::kE2M1, true, 128, 256); }
@@ -146,6 +168,21 @@ TEST(WeightTilesSm90, PlainE2M1Bf16MatchesFragments) {
 }
 TEST(WeightTilesSm90, GatedE4M3MatchesFragments) { CheckTiles(TileFormat::kE4M3, true, 64, 256); }
 TEST(WeightTilesSm90, PlainE4M3MatchesFragments) { CheckTiles(TileFormat::kE4M3, false, 64, 128); }
+
+// H, I or I_s of 32-multiples that are not 128-multiples (gpt-oss: 2880 = 22.5 x 128) packed at
+// the next multiple of 128: the padding rows and K positions decode to exactly 0.
+TEST(WeightTilesSm90, GatedE2M1Bf16PaddedMatchesFragments) {
+  CheckTiles(TileFormat::kE2M1Bf16, true, 96, 160, 128, 256);
+}
+TEST(WeightTilesSm90, PlainE2M1Bf16PaddedMatchesFragments) {
+  CheckTiles(TileFormat::kE2M1Bf16, false, 160, 96, 192, 128);
+}
+TEST(WeightTilesSm90, GatedE4M3PaddedMatchesFragments) {
+  CheckTiles(TileFormat::kE4M3, true, 224, 160, 256, 256);
+}
+TEST(WeightTilesSm90, PlainE4M3PaddedMatchesFragments) {
+  CheckTiles(TileFormat::kE4M3, false, 160, 224, 192, 256);
+}
 
 // The E4M3 placement: each code decodes to the E4M3 byte of its value times 2^-6.
 TEST(WeightTilesSm90, LaneWordDecodeIsExactForEveryCodeInEverySlot) {

@@ -1,6 +1,7 @@
-"""Real checkpoint layouts served through `gcmoe serve` (model.weights "hf:DIR", CPU backend).
+"""Real checkpoint layouts served through `gcmoe serve` (model.weights "hf:DIR"), CPU or CUDA backend.
 
     /usr/bin/python3 tests/server/hf_checkpoint_test.py --gcmoe build/gcmoe --stubs build/proto/python
+    ... --backend cuda ServeFamiliesTest     the families on one GPU (skipped without one)
 
 For each family (gpt-oss, Qwen3-MoE, Mixtral, DeepSeek-V3) the test writes a small checkpoint in
 the family's on-disk layout (config.json keys, tensor names, dtypes, shapes, shards and index),
@@ -447,8 +448,10 @@ def calc_diff(x, y):
 def serve_config(directory, workdir, extra_model=None):
     model = {"weights": "hf:" + directory}
     model.update(extra_model or {})
-    config = {"model": model, "parallel": {"ranks": 2},
-              "engine": {"backend": "cpu", "threads": 1, "max_tokens_per_rank": 64},
+    # Two CPU ranks, or one GPU.
+    ranks = 1 if ARGS.backend == "cuda" else 2
+    config = {"model": model, "parallel": {"ranks": ranks},
+              "engine": {"backend": ARGS.backend, "threads": 1, "max_tokens_per_rank": 64},
               "server": {"listen": "127.0.0.1:0", "rank_listen": "127.0.0.1:0",
                          "startup_timeout_ms": 60000}}
     path = os.path.join(workdir, "config.json")
@@ -516,7 +519,20 @@ class CheckpointTest(unittest.TestCase):
         return fam, directory
 
 
+def has_gpu():
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 class ServeFamiliesTest(CheckpointTest):
+    def setUp(self):
+        super().setUp()
+        if ARGS.backend == "cuda" and not has_gpu():
+            self.skipTest("no CUDA device on this machine (GPU test skipped)")
+
     def check_family(self, family_class):
         fam, directory = self.build(family_class)
         service = Serve(serve_config(directory, self.workdir), self.workdir)
@@ -744,6 +760,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gcmoe", required=True, help="the gcmoe binary")
     parser.add_argument("--stubs", required=True, help="folder of the generated Python stubs")
+    parser.add_argument("--backend", default="cpu", choices=["cpu", "cuda"],
+                        help="engine.backend of the served families")
     ARGS, rest = parser.parse_known_args()
     fc.load_stubs(ARGS.stubs)
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
