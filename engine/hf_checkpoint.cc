@@ -17,13 +17,17 @@ constexpr int64_t kFp8Block = 128;
 // gpt-oss's SwiGLU: sigmoid(1.702 g), the up half offset by one.
 constexpr float kGptOssAlpha = 1.702f;
 
-Result<json> ReadJsonFile(const std::string& path) {
+Result<std::string> ReadTextFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return NotFound(path + ": cannot open (is the checkpoint directory complete?)");
   std::ostringstream text;
   text << in.rdbuf();
+  return text.str();
+}
+
+Result<json> ParseJsonObject(std::string_view text, const std::string& path) {
   try {
-    json j = json::parse(text.str());
+    json j = json::parse(text);
     if (!j.is_object()) return InvalidArgument(path + ": not a JSON object");
     return j;
   } catch (const json::exception& e) {
@@ -177,8 +181,8 @@ Status ReadFamilyShape(ConfigReader& r, const std::string& path, HfCheckpoint* c
   return Status::Ok();
 }
 
-Status ReadIndex(HfCheckpoint* c) {
-  GCMOE_ASSIGN_OR_RETURN(json index, ReadJsonFile(c->index_path()));
+Status ParseIndex(std::string_view text, HfCheckpoint* c) {
+  GCMOE_ASSIGN_OR_RETURN(json index, ParseJsonObject(text, c->index_path()));
   const auto map = index.find("weight_map");
   if (map == index.end() || !map->is_object()) {
     return InvalidArgument(c->index_path() + ": no weight_map object");
@@ -282,10 +286,11 @@ std::vector<HfTensorSpec> HfCheckpoint::LayerTensors(int moe_layer) const {
   return tensors;
 }
 
-Result<HfCheckpoint> ReadHfCheckpoint(const std::string& dir) {
+Result<HfCheckpoint> ParseHfCheckpoint(const std::string& dir, std::string_view config_json,
+                                       std::optional<std::string_view> index_json) {
   HfCheckpoint c;
   c.dir = dir;
-  GCMOE_ASSIGN_OR_RETURN(json config, ReadJsonFile(c.config_path()));
+  GCMOE_ASSIGN_OR_RETURN(json config, ParseJsonObject(config_json, c.config_path()));
   const auto type = config.find("model_type");
   if (type == config.end() || !type->is_string()) {
     return InvalidArgument(c.config_path() + ": no model_type string");
@@ -294,9 +299,19 @@ Result<HfCheckpoint> ReadHfCheckpoint(const std::string& dir) {
   GCMOE_ASSIGN_OR_RETURN(c.family, FamilyOf(c.model_type, c.config_path()));
   ConfigReader reader(config, c.config_path(), &c);
   GCMOE_RETURN_IF_ERROR(ReadFamilyShape(reader, c.config_path(), &c));
-  std::ifstream index(c.index_path());
-  if (index.good()) GCMOE_RETURN_IF_ERROR(ReadIndex(&c));
+  if (index_json) GCMOE_RETURN_IF_ERROR(ParseIndex(*index_json, &c));
   return c;
+}
+
+Result<HfCheckpoint> ReadHfCheckpoint(const std::string& dir) {
+  HfCheckpoint files;
+  files.dir = dir;
+  GCMOE_ASSIGN_OR_RETURN(std::string config_json, ReadTextFile(files.config_path()));
+  std::optional<std::string> index_json;
+  if (std::ifstream(files.index_path()).good()) {
+    GCMOE_ASSIGN_OR_RETURN(index_json, ReadTextFile(files.index_path()));
+  }
+  return ParseHfCheckpoint(dir, config_json, index_json);
 }
 
 }  // namespace gcmoe::engine

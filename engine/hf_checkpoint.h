@@ -20,6 +20,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -86,6 +87,11 @@ struct HfCheckpoint {
 // file and the key: an unknown model_type, a missing or non-integer field, a MoE layer shape
 // the numerics cannot serve (H or I not a multiple of 32).
 Result<HfCheckpoint> ReadHfCheckpoint(const std::string& dir);
+
+// ReadHfCheckpoint's parsing, on the texts of DIR/config.json and of DIR's index (nullopt: the
+// checkpoint has no index); `dir` goes into the result and the messages. Opens no file.
+Result<HfCheckpoint> ParseHfCheckpoint(const std::string& dir, std::string_view config_json,
+                                       std::optional<std::string_view> index_json);
 
 // "hf:DIR" -> DIR; nullopt for other weight specs.
 std::optional<std::string> HfCheckpointDir(const std::string& weights);
