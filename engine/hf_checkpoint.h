@@ -27,6 +27,13 @@
 
 namespace gcmoe::engine {
 
+// Bounds on config.json's sizes, far above published MoE models: a checkpoint beyond them is
+// refused before anything is allocated per layer or per expert, and every tensor dimension
+// and element count fits int64.
+constexpr int kHfMaxDim = 1 << 20;      // hidden_size, (moe_)intermediate_size, and I_s
+constexpr int kHfMaxExperts = 1 << 16;  // routed experts
+constexpr int kHfMaxLayers = 1 << 16;   // num_hidden_layers
+
 enum class HfFamily { kGptOss, kQwen3Moe, kMixtral, kDeepSeekV3 };
 
 // "gpt-oss", "qwen3-moe", "mixtral", "deepseek-v3".
@@ -84,8 +91,8 @@ struct HfCheckpoint {
 };
 
 // Reads DIR/config.json and DIR/model.safetensors.index.json (when present). Errors name the
-// file and the key: an unknown model_type, a missing or non-integer field, a MoE layer shape
-// the numerics cannot serve (H or I not a multiple of 32).
+// file and the key: an unknown model_type, a missing or non-integer field, a size beyond the
+// bounds above, a MoE layer shape the numerics cannot serve (H or I not a multiple of 32).
 Result<HfCheckpoint> ReadHfCheckpoint(const std::string& dir);
 
 // ReadHfCheckpoint's parsing, on the texts of DIR/config.json and of DIR's index (nullopt: the

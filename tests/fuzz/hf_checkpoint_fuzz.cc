@@ -114,7 +114,8 @@ void CheckLayer(const HfCheckpoint& c, int moe_layer) {
     Fail(std::to_string(tensors.size()) + " tensors in a layer, expected " +
          std::to_string(expected_count));
   }
-  if (weight_values != 3 * H * (E * I + Is)) Fail("the layer's weights do not hold 3 H (E I + I_s)");
+  if (weight_values != 3 * H * (E * I + Is))
+    Fail("the layer's weights do not hold 3 H (E I + I_s)");
   const uint64_t expected_scales =
       c.fp8_blocks ? 3 * Ceil128(H) * (E * Ceil128(I) + (shared ? Ceil128(Is) : 0)) : 0;
   if (scale_values != expected_scales) Fail("the layer's FP8 block scales do not tile it");

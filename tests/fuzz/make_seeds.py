@@ -199,6 +199,14 @@ def hf_checkpoint_seeds():
         "bad_quant_method": dict(deepseek, quantization_config={"quant_method": "awq"}),
         "bad_block_size": dict(deepseek, quantization_config={"quant_method": "fp8",
                                                               "weight_block_size": [64, 64]}),
+        # the reader's bounds and types, where it once allocated, overflowed or threw
+        "bad_quant_method_type": dict(deepseek, quantization_config={"quant_method": 1}),
+        "bad_layers_beyond_bound": dict(mixtral, num_hidden_layers=2**31 - 1),
+        "bad_shared_experts_overflow": dict(deepseek, n_shared_experts=2**31 - 1),
+        "bad_experts_beyond_bound": dict(mixtral, num_local_experts=2**16 + 1),
+        "bad_swiglu_limit_below_float": dict(gpt_oss, swiglu_limit=1e-50),
+        "bad_swiglu_limit_above_float": dict(gpt_oss, swiglu_limit=1e300),
+        "bad_mlp_only_beyond_int": dict(qwen, mlp_only_layers=[2**32 + 1]),
     }
     for name, config in bad.items():
         write("hf_checkpoint", name, hf_input(config))
