@@ -1,6 +1,8 @@
 #include "engine/hf_checkpoint.h"
 
 #include <algorithm>
+#include <cfloat>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -16,14 +18,27 @@ constexpr char kHfPrefix[] = "hf:";
 constexpr int64_t kFp8Block = 128;
 // gpt-oss's SwiGLU: sigmoid(1.702 g), the up half offset by one.
 constexpr float kGptOssAlpha = 1.702f;
+// The integers config.json may give a key.
+struct IntRange {
+  int min = 1;
+  int max = INT32_MAX;
+};
 
-Result<json> ReadJsonFile(const std::string& path) {
+constexpr IntRange kDim = {.max = kHfMaxDim};
+constexpr IntRange kExperts = {.max = kHfMaxExperts};
+constexpr IntRange kLayers = {.max = kHfMaxLayers};
+
+Result<std::string> ReadTextFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return NotFound(path + ": cannot open (is the checkpoint directory complete?)");
   std::ostringstream text;
   text << in.rdbuf();
+  return text.str();
+}
+
+Result<json> ParseJsonObject(std::string_view text, const std::string& path) {
   try {
-    json j = json::parse(text.str());
+    json j = json::parse(text);
     if (!j.is_object()) return InvalidArgument(path + ": not a JSON object");
     return j;
   } catch (const json::exception& e) {
@@ -31,23 +46,25 @@ Result<json> ReadJsonFile(const std::string& path) {
   }
 }
 
-// Reads the first of `keys` present in `j` as a positive int (or non-negative with
-// `allow_zero`); records the key it came from.
+// Reads the first of `keys` present in `j` as an int in `range`; records the key it came from.
 class ConfigReader {
  public:
   ConfigReader(const json& j, std::string path, HfCheckpoint* ckpt)
       : j_(j), path_(std::move(path)), ckpt_(ckpt) {}
 
   Status Int(const std::string& field, std::initializer_list<const char*> keys, int* out,
-             std::optional<int> fallback = std::nullopt, int min = 1) {
+             IntRange range = {}, std::optional<int> fallback = std::nullopt) {
     std::string names;
     for (const char* key : keys) {
       names += (names.empty() ? "" : " or ") + std::string(key);
       const auto it = j_.find(key);
       if (it == j_.end() || it->is_null()) continue;
-      if (!it->is_number_integer() || it->get<int64_t>() < min || it->get<int64_t>() > INT32_MAX) {
-        return InvalidArgument(path_ + ": " + key + " is " + it->dump() +
-                               ", expected an integer >= " + std::to_string(min));
+      if (!it->is_number_integer() || it->get<int64_t>() < range.min ||
+          it->get<int64_t>() > range.max) {
+        return InvalidArgument(path_ + ": " + key + " is " + it->dump() + ", expected an integer " +
+                               (range.max == INT32_MAX ? ">= " + std::to_string(range.min)
+                                                       : "in " + std::to_string(range.min) + ".." +
+                                                             std::to_string(range.max)));
       }
       *out = it->get<int>();
       ckpt_->source_keys[field] = key;
@@ -60,14 +77,17 @@ class ConfigReader {
     return InvalidArgument(path_ + ": missing " + names + " (the " + field + " of the MoE layer)");
   }
 
+  // A list of layer indices: integers in 0..INT32_MAX.
   Result<std::vector<int>> IntList(const char* key) {
     std::vector<int> values;
     const auto it = j_.find(key);
     if (it == j_.end() || it->is_null()) return values;
     if (!it->is_array()) return InvalidArgument(path_ + ": " + key + " is not a list");
     for (const json& v : *it) {
-      if (!v.is_number_integer())
-        return InvalidArgument(path_ + ": " + key + " holds a non-integer");
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
+        return InvalidArgument(path_ + ": " + key + " holds " + v.dump() +
+                               ", expected layer indices (integers >= 0)");
+      }
       values.push_back(v.get<int>());
     }
     return values;
@@ -92,37 +112,45 @@ Result<HfFamily> FamilyOf(const std::string& model_type, const std::string& path
 
 Status ReadFamilyShape(ConfigReader& r, const std::string& path, HfCheckpoint* c) {
   const json& j = r.raw();
-  GCMOE_RETURN_IF_ERROR(r.Int("hidden", {"hidden_size"}, &c->hidden));
-  GCMOE_RETURN_IF_ERROR(r.Int("layers", {"num_hidden_layers"}, &c->model_layers));
+  GCMOE_RETURN_IF_ERROR(r.Int("hidden", {"hidden_size"}, &c->hidden, kDim));
+  GCMOE_RETURN_IF_ERROR(r.Int("layers", {"num_hidden_layers"}, &c->model_layers, kLayers));
   GCMOE_RETURN_IF_ERROR(r.Int("top_k", {"num_experts_per_tok", "experts_per_token"}, &c->top_k));
   std::vector<int> moe_layers;
   switch (c->family) {
     case HfFamily::kGptOss: {
-      GCMOE_RETURN_IF_ERROR(r.Int("intermediate", {"intermediate_size"}, &c->intermediate));
-      GCMOE_RETURN_IF_ERROR(r.Int("experts", {"num_local_experts", "num_experts"}, &c->experts));
+      GCMOE_RETURN_IF_ERROR(r.Int("intermediate", {"intermediate_size"}, &c->intermediate, kDim));
+      GCMOE_RETURN_IF_ERROR(
+          r.Int("experts", {"num_local_experts", "num_experts"}, &c->experts, kExperts));
+      // Served as a float: a double beyond FLT_MAX does not convert, one below the smallest
+      // float rounds to a clamp of 0.
       const auto limit = j.find("swiglu_limit");
-      if (limit == j.end() || !limit->is_number() || !(limit->get<double>() > 0.0)) {
-        return InvalidArgument(path +
-                               ": swiglu_limit missing or not a positive number "
+      const double limit_value = limit != j.end() && limit->is_number() ? limit->get<double>() : 0;
+      if (!(limit_value > 0.0 && limit_value <= FLT_MAX &&
+            static_cast<float>(limit_value) > 0.0f)) {
+        return InvalidArgument(path + ": swiglu_limit is " +
+                               (limit == j.end() ? std::string("missing") : limit->dump()) +
+                               ", expected a positive number within float's range "
                                "(gpt-oss clamps its SwiGLU at it)");
       }
       c->activation_alpha = kGptOssAlpha;
-      c->activation_clamp = limit->get<float>();
+      c->activation_clamp = static_cast<float>(limit_value);
       c->activation_up_offset = 1.0f;
       c->source_keys["clamp"] = "swiglu_limit";
       for (int l = 0; l < c->model_layers; ++l) moe_layers.push_back(l);
       break;
     }
     case HfFamily::kMixtral:
-      GCMOE_RETURN_IF_ERROR(r.Int("intermediate", {"intermediate_size"}, &c->intermediate));
-      GCMOE_RETURN_IF_ERROR(r.Int("experts", {"num_local_experts"}, &c->experts));
+      GCMOE_RETURN_IF_ERROR(r.Int("intermediate", {"intermediate_size"}, &c->intermediate, kDim));
+      GCMOE_RETURN_IF_ERROR(r.Int("experts", {"num_local_experts"}, &c->experts, kExperts));
       for (int l = 0; l < c->model_layers; ++l) moe_layers.push_back(l);
       break;
     case HfFamily::kQwen3Moe: {
-      GCMOE_RETURN_IF_ERROR(r.Int("intermediate", {"moe_intermediate_size"}, &c->intermediate));
-      GCMOE_RETURN_IF_ERROR(r.Int("experts", {"num_experts"}, &c->experts));
+      GCMOE_RETURN_IF_ERROR(
+          r.Int("intermediate", {"moe_intermediate_size"}, &c->intermediate, kDim));
+      GCMOE_RETURN_IF_ERROR(r.Int("experts", {"num_experts"}, &c->experts, kExperts));
       int sparse_step = 1;
-      GCMOE_RETURN_IF_ERROR(r.Int("decoder_sparse_step", {"decoder_sparse_step"}, &sparse_step, 1));
+      GCMOE_RETURN_IF_ERROR(
+          r.Int("decoder_sparse_step", {"decoder_sparse_step"}, &sparse_step, {}, 1));
       GCMOE_ASSIGN_OR_RETURN(std::vector<int> mlp_only, r.IntList("mlp_only_layers"));
       const std::set<int> dense(mlp_only.begin(), mlp_only.end());
       for (int l = 0; l < c->model_layers; ++l) {
@@ -131,24 +159,28 @@ Status ReadFamilyShape(ConfigReader& r, const std::string& path, HfCheckpoint* c
       break;
     }
     case HfFamily::kDeepSeekV3: {
-      GCMOE_RETURN_IF_ERROR(r.Int("intermediate", {"moe_intermediate_size"}, &c->intermediate));
-      GCMOE_RETURN_IF_ERROR(r.Int("experts", {"n_routed_experts"}, &c->experts));
-      int shared = 0, first_dense = 0, freq = 1;
-      GCMOE_RETURN_IF_ERROR(r.Int("n_shared_experts", {"n_shared_experts"}, &shared, 0, 0));
       GCMOE_RETURN_IF_ERROR(
-          r.Int("first_k_dense_replace", {"first_k_dense_replace"}, &first_dense, 0, 0));
-      GCMOE_RETURN_IF_ERROR(r.Int("moe_layer_freq", {"moe_layer_freq"}, &freq, 1));
-      c->shared_intermediate = shared * c->intermediate;
+          r.Int("intermediate", {"moe_intermediate_size"}, &c->intermediate, kDim));
+      GCMOE_RETURN_IF_ERROR(r.Int("experts", {"n_routed_experts"}, &c->experts, kExperts));
+      int shared = 0, first_dense = 0, freq = 1;
+      GCMOE_RETURN_IF_ERROR(r.Int("n_shared_experts", {"n_shared_experts"}, &shared,
+                                  {.min = 0, .max = kHfMaxDim / c->intermediate}, 0));
+      GCMOE_RETURN_IF_ERROR(
+          r.Int("first_k_dense_replace", {"first_k_dense_replace"}, &first_dense, {.min = 0}, 0));
+      GCMOE_RETURN_IF_ERROR(r.Int("moe_layer_freq", {"moe_layer_freq"}, &freq, {}, 1));
+      c->shared_intermediate = shared * c->intermediate;  // <= kHfMaxDim
       if (shared > 0) c->source_keys["shared_intermediate"] = "n_shared_experts";
       for (int l = first_dense; l < c->model_layers; ++l) {
         if (l % freq == 0) moe_layers.push_back(l);
       }
       const auto quant = j.find("quantization_config");
       if (quant != j.end() && quant->is_object()) {
-        const std::string method = quant->value("quant_method", "");
-        if (method != "fp8") {
-          return InvalidArgument(path + ": quantization_config.quant_method \"" + method +
-                                 "\" is not served (expected fp8, or no quantization_config)");
+        const auto method = quant->find("quant_method");
+        if (method == quant->end() || *method != "fp8") {
+          return InvalidArgument(
+              path + ": quantization_config.quant_method is " +
+              (method == quant->end() ? std::string("missing") : method->dump()) +
+              ", not served (expected \"fp8\", or no quantization_config)");
         }
         const json block = quant->value("weight_block_size", json::array({128, 128}));
         if (block != json::array({kFp8Block, kFp8Block})) {
@@ -177,8 +209,8 @@ Status ReadFamilyShape(ConfigReader& r, const std::string& path, HfCheckpoint* c
   return Status::Ok();
 }
 
-Status ReadIndex(HfCheckpoint* c) {
-  GCMOE_ASSIGN_OR_RETURN(json index, ReadJsonFile(c->index_path()));
+Status ParseIndex(std::string_view text, HfCheckpoint* c) {
+  GCMOE_ASSIGN_OR_RETURN(json index, ParseJsonObject(text, c->index_path()));
   const auto map = index.find("weight_map");
   if (map == index.end() || !map->is_object()) {
     return InvalidArgument(c->index_path() + ": no weight_map object");
@@ -282,10 +314,11 @@ std::vector<HfTensorSpec> HfCheckpoint::LayerTensors(int moe_layer) const {
   return tensors;
 }
 
-Result<HfCheckpoint> ReadHfCheckpoint(const std::string& dir) {
+Result<HfCheckpoint> ParseHfCheckpoint(const std::string& dir, std::string_view config_json,
+                                       std::optional<std::string_view> index_json) {
   HfCheckpoint c;
   c.dir = dir;
-  GCMOE_ASSIGN_OR_RETURN(json config, ReadJsonFile(c.config_path()));
+  GCMOE_ASSIGN_OR_RETURN(json config, ParseJsonObject(config_json, c.config_path()));
   const auto type = config.find("model_type");
   if (type == config.end() || !type->is_string()) {
     return InvalidArgument(c.config_path() + ": no model_type string");
@@ -294,9 +327,19 @@ Result<HfCheckpoint> ReadHfCheckpoint(const std::string& dir) {
   GCMOE_ASSIGN_OR_RETURN(c.family, FamilyOf(c.model_type, c.config_path()));
   ConfigReader reader(config, c.config_path(), &c);
   GCMOE_RETURN_IF_ERROR(ReadFamilyShape(reader, c.config_path(), &c));
-  std::ifstream index(c.index_path());
-  if (index.good()) GCMOE_RETURN_IF_ERROR(ReadIndex(&c));
+  if (index_json) GCMOE_RETURN_IF_ERROR(ParseIndex(*index_json, &c));
   return c;
+}
+
+Result<HfCheckpoint> ReadHfCheckpoint(const std::string& dir) {
+  HfCheckpoint files;
+  files.dir = dir;
+  GCMOE_ASSIGN_OR_RETURN(std::string config_json, ReadTextFile(files.config_path()));
+  std::optional<std::string> index_json;
+  if (std::ifstream(files.index_path()).good()) {
+    GCMOE_ASSIGN_OR_RETURN(index_json, ReadTextFile(files.index_path()));
+  }
+  return ParseHfCheckpoint(dir, config_json, index_json);
 }
 
 }  // namespace gcmoe::engine

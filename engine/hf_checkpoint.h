@@ -20,11 +20,19 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
 
 namespace gcmoe::engine {
+
+// Bounds on config.json's sizes, far above published MoE models: a checkpoint beyond them is
+// refused before anything is allocated per layer or per expert, and every tensor dimension
+// and element count fits int64.
+constexpr int kHfMaxDim = 1 << 20;      // hidden_size, (moe_)intermediate_size, and I_s
+constexpr int kHfMaxExperts = 1 << 16;  // routed experts
+constexpr int kHfMaxLayers = 1 << 16;   // num_hidden_layers
 
 enum class HfFamily { kGptOss, kQwen3Moe, kMixtral, kDeepSeekV3 };
 
@@ -83,9 +91,14 @@ struct HfCheckpoint {
 };
 
 // Reads DIR/config.json and DIR/model.safetensors.index.json (when present). Errors name the
-// file and the key: an unknown model_type, a missing or non-integer field, a MoE layer shape
-// the numerics cannot serve (H or I not a multiple of 32).
+// file and the key: an unknown model_type, a missing or non-integer field, a size beyond the
+// bounds above, a MoE layer shape the numerics cannot serve (H or I not a multiple of 32).
 Result<HfCheckpoint> ReadHfCheckpoint(const std::string& dir);
+
+// ReadHfCheckpoint's parsing, on the texts of DIR/config.json and of DIR's index (nullopt: the
+// checkpoint has no index); `dir` goes into the result and the messages. Opens no file.
+Result<HfCheckpoint> ParseHfCheckpoint(const std::string& dir, std::string_view config_json,
+                                       std::optional<std::string_view> index_json);
 
 // "hf:DIR" -> DIR; nullopt for other weight specs.
 std::optional<std::string> HfCheckpointDir(const std::string& weights);

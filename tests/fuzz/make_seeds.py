@@ -13,6 +13,10 @@ checks by mutating valid inputs) or one that fails exactly one check:
                    key), and configs with a misspelled key, a wrong type and an override.
   safetensors:     `gcmoe weights export` files of the fuzz target's small model (H=32, I=32,
                    E=2, I_s=32, one layer) in each form, and small hand-made headers.
+  hf_checkpoint:   config.json text, a NUL byte and model.safetensors.index.json text (or the
+                   config alone: an unsharded checkpoint), with the keys of the four families
+                   as their models publish them (gpt_oss, qwen3_moe, mixtral, deepseek_v3,
+                   FP8 and BF16), and ones that fail one check of config.json or the index.
 """
 import argparse
 import json
@@ -118,6 +122,108 @@ def safetensors_seeds(gcmoe):
                            bytes(4)))
 
 
+def hf_index(files, layers, experts, names):
+    """An index that puts MoE layer l's tensors in files[l % len(files)]."""
+    weight_map = {"model.embed_tokens.weight": files[0]}
+    for n, layer in enumerate(layers):
+        for e in experts:
+            for name in names(layer, e):
+                weight_map[name] = files[n % len(files)]
+    return {"metadata": {"total_size": 123456}, "weight_map": weight_map}
+
+
+def hf_configs():
+    """{family: (config, index or None)}: small models in each family's layout."""
+    shards = [f"model-{i + 1:05d}-of-00002.safetensors" for i in range(2)]
+    gpt_oss = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+               "hidden_size": 160, "intermediate_size": 96, "num_hidden_layers": 2,
+               "num_local_experts": 8, "num_experts_per_tok": 4, "experts_per_token": 4,
+               "swiglu_limit": 7.0, "head_dim": 64,
+               "quantization_config": {"quant_method": "mxfp4"}}
+    fused = [f"experts.{m}_{p}" for m in ("gate_up_proj", "down_proj")
+             for p in ("blocks", "scales", "bias")]
+    gpt_oss_index = hf_index(shards, [0, 1], [0],
+                             lambda l, e: [f"model.layers.{l}.mlp.{t}" for t in fused])
+    qwen = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+            "hidden_size": 128, "intermediate_size": 192, "moe_intermediate_size": 64,
+            "num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
+            "decoder_sparse_step": 1, "mlp_only_layers": [1], "norm_topk_prob": True}
+    mixtral = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+               "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2,
+               "num_local_experts": 4, "num_experts_per_tok": 2}
+    mixtral_index = hf_index(shards, [0, 1], range(4), lambda l, e: [
+        f"model.layers.{l}.block_sparse_moe.experts.{e}.{w}.weight" for w in ("w1", "w3", "w2")])
+    deepseek = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                "hidden_size": 192, "intermediate_size": 256, "moe_intermediate_size": 64,
+                "num_hidden_layers": 3, "n_routed_experts": 8, "n_shared_experts": 1,
+                "num_experts_per_tok": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+                "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                        "quant_method": "fp8", "weight_block_size": [128, 128]}}
+
+    def deepseek_names(layer, e):
+        return [f"model.layers.{layer}.mlp.{owner}.{m}_proj.{w}"
+                for owner in (f"experts.{e}", "shared_experts") for m in ("gate", "up", "down")
+                for w in ("weight", "weight_scale_inv")]
+
+    deepseek_index = hf_index(shards, [1, 2], range(8), deepseek_names)
+    deepseek_bf16 = {k: v for k, v in deepseek.items() if k != "quantization_config"}
+    return {"gpt_oss": (gpt_oss, gpt_oss_index), "qwen3_moe": (qwen, None),
+            "mixtral": (mixtral, mixtral_index), "deepseek_v3": (deepseek, deepseek_index),
+            "deepseek_v3_bf16": (deepseek_bf16, None)}
+
+
+def hf_input(config, index=None):
+    text = json.dumps(config, indent=2)
+    return text if index is None else text + "\0" + json.dumps(index, indent=2)
+
+
+def hf_checkpoint_seeds():
+    configs = hf_configs()
+    for name, (config, index) in configs.items():
+        write("hf_checkpoint", name, hf_input(config, index))
+    gpt_oss, gpt_oss_index = configs["gpt_oss"]
+    qwen = configs["qwen3_moe"][0]
+    mixtral, mixtral_index = configs["mixtral"]
+    deepseek, deepseek_index = configs["deepseek_v3"]
+    # config.json, one check each
+    bad = {
+        "bad_model_type": dict(mixtral, model_type="llama"),
+        "bad_hidden_not_32": dict(mixtral, hidden_size=100),
+        "bad_missing_experts": {k: v for k, v in mixtral.items() if k != "num_local_experts"},
+        "bad_top_k_over_experts": dict(mixtral, num_experts_per_tok=5),
+        "bad_layers_string": dict(qwen, num_hidden_layers="3"),
+        "bad_no_moe_layer": dict(qwen, mlp_only_layers=[0, 1, 2]),
+        "bad_mlp_only_not_list": dict(qwen, mlp_only_layers=1),
+        "bad_swiglu_limit": dict(gpt_oss, swiglu_limit=-1.0),
+        "bad_first_dense_all": dict(deepseek, first_k_dense_replace=3),
+        "bad_quant_method": dict(deepseek, quantization_config={"quant_method": "awq"}),
+        "bad_block_size": dict(deepseek, quantization_config={"quant_method": "fp8",
+                                                              "weight_block_size": [64, 64]}),
+        # the reader's bounds and types, where it once allocated, overflowed or threw
+        "bad_quant_method_type": dict(deepseek, quantization_config={"quant_method": 1}),
+        "bad_layers_beyond_bound": dict(mixtral, num_hidden_layers=2**31 - 1),
+        "bad_shared_experts_overflow": dict(deepseek, n_shared_experts=2**31 - 1),
+        "bad_experts_beyond_bound": dict(mixtral, num_local_experts=2**16 + 1),
+        "bad_swiglu_limit_below_float": dict(gpt_oss, swiglu_limit=1e-50),
+        "bad_swiglu_limit_above_float": dict(gpt_oss, swiglu_limit=1e300),
+        "bad_mlp_only_beyond_int": dict(qwen, mlp_only_layers=[2**32 + 1]),
+    }
+    for name, config in bad.items():
+        write("hf_checkpoint", name, hf_input(config))
+    write("hf_checkpoint", "bad_config_syntax", '{"model_type": "mixtral", "hidden_size": 128,}')
+    write("hf_checkpoint", "bad_config_array", "[1, 2]")
+    # the index, one check each (config.json valid)
+    write("hf_checkpoint", "bad_index_no_weight_map",
+          hf_input(mixtral, {"metadata": {"total_size": 1}}))
+    write("hf_checkpoint", "bad_index_empty_map", hf_input(mixtral, {"weight_map": {}}))
+    write("hf_checkpoint", "bad_index_path_in_name",
+          hf_input(mixtral, {"weight_map": {"model.layers.0.block_sparse_moe.experts.0.w1.weight":
+                                            "../model-00001-of-00002.safetensors"}}))
+    write("hf_checkpoint", "bad_index_file_not_string",
+          hf_input(deepseek, {"weight_map": {"model.embed_tokens.weight": 1}}))
+    write("hf_checkpoint", "bad_index_syntax", hf_input(gpt_oss) + "\0{\"weight_map\": {")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gcmoe", default=os.path.join(REPO, "build", "gcmoe"))
@@ -131,6 +237,7 @@ def main():
     forward_seeds(moe_pb2)
     config_seeds(args.gcmoe)
     safetensors_seeds(args.gcmoe)
+    hf_checkpoint_seeds()
 
 
 if __name__ == "__main__":
