@@ -5,7 +5,6 @@
 // summarized by code.
 #include <signal.h>
 
-#include <regex>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -94,9 +93,17 @@ TEST(RequestLogTest, IdsComeBackAndEveryJsonLogLineStaysValid) {
   bool nasty_intact = false;
   int burst_lines = 0;
   bool summary = false;
-  const std::regex grpc_line("^[DIEW][0-9]{4} ");  // gRPC's own stderr lines, not ours
+  // gRPC's own stderr lines ("E1204 ..."), not ours. No <regex>: GCC 12 warns inside it under
+  // the sanitizers, and the build treats warnings as errors.
+  auto grpc_line = [](const std::string& line) {
+    if (line.size() < 6 || std::string("DIEW").find(line[0]) == std::string::npos) return false;
+    for (int i = 1; i <= 4; ++i) {
+      if (line[i] < '0' || line[i] > '9') return false;
+    }
+    return line[5] == ' ';
+  };
   for (std::string line; std::getline(log, line);) {
-    if (std::regex_search(line, grpc_line)) {
+    if (grpc_line(line)) {
       EXPECT_EQ(line.find("forged"), std::string::npos) << line;
       continue;
     }
