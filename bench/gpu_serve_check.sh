@@ -10,6 +10,9 @@
 # with the NCCL baseline, each with the balancer off and on: every one bit-identical to the
 # single-GPU service, and so within calc_diff of the CPU backend.
 #
+# Every service's /metrics is saved: CUDA ranks must export gcmoe_gpu_memory_used_bytes (within
+# gcmoe_gpu_memory_total_bytes), a CPU service must not.
+#
 # Model: the embedded tiny model (H 256, I 128, 16 experts, top-4, shared expert).
 set -u
 GCMOE=${GCMOE:-build-cuda/gcmoe}
@@ -25,7 +28,8 @@ serve_and_ask() {  # name, output file, --set overrides...
   local sets=()
   for s in "$@"; do sets+=(--set "$s"); done
   rm -f "$addr_file"
-  "$GCMOE" serve "${sets[@]}" --listen "127.0.0.1:$PORT" --address-file "$addr_file" \
+  "$GCMOE" serve "${sets[@]}" --set server.metrics_listen=127.0.0.1:0 \
+    --listen "127.0.0.1:$PORT" --address-file "$addr_file" \
     > "$OUT/serve-$name.log" 2>&1 &
   local pid=$!
   for _ in $(seq 1 120); do [[ -s $addr_file ]] && break; sleep 0.5; done
@@ -36,6 +40,10 @@ serve_and_ask() {  # name, output file, --set overrides...
   "$GCMOE" client forward --addr "127.0.0.1:$PORT" --tokens 64 --seed 7 --requests 4 \
     --warmup 1 --save "$save"
   local rc=$?
+  "$GCMOE" client stats --addr "127.0.0.1:$PORT" > "$OUT/stats-$name.txt" 2>&1
+  python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(
+      "http://" + sys.argv[1] + "/metrics", timeout=10).read().decode())' \
+    "$(sed -n 3p "$addr_file")" > "$OUT/metrics-$name.txt" 2>&1 || rc=1
   kill -TERM "$pid"; wait "$pid"
   PORT=$((PORT + 1))
   return $rc
@@ -72,6 +80,25 @@ for n in names[2:]:
     same = load(n).tobytes() == one.tobytes()
     ok = ok and same
     print(f"serve {n} vs cuda (1 GPU): {'bit-identical' if same else 'DIFFERENT'}")
+def memory(name):  # {series labels: value} of the GPU memory gauges
+    rows = {}
+    for line in open(f"{out}/metrics-{name}.txt"):
+        if line.startswith("gcmoe_gpu_memory_"):
+            series, value = line.rsplit(" ", 1)
+            rows[series] = float(value)
+    return rows
+for n in names:
+    rows = memory(n)
+    used = {k: v for k, v in rows.items() if k.startswith("gcmoe_gpu_memory_used_bytes")}
+    total = {k: v for k, v in rows.items() if k.startswith("gcmoe_gpu_memory_total_bytes")}
+    if n == "cpu":
+        good = not rows
+    else:
+        pair = lambda k: k.replace("_used_bytes", "_total_bytes")
+        good = len(used) == len(total) >= 1 and all(
+            pair(k) in total and 0 < u <= total[pair(k)] for k, u in used.items())
+    ok = ok and good
+    print(f"metrics {n}: {'ok' if good else 'WRONG'} {rows if rows else 'no GPU memory series'}")
 print("PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)
 PY

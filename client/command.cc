@@ -217,6 +217,11 @@ void PrintStats(const std::string& addr, const v1::Stats& s) {
                 static_cast<unsigned long long>(r.restarts()), r.restarts() == 1 ? "" : "s",
                 static_cast<long long>(r.load_before_total()),
                 static_cast<long long>(r.load_after_total()), r.engine_us_mean());
+    if (r.has_gpu_memory()) {
+      std::printf("             GPU %d: %.2f of %.2f GiB in use\n", r.gpu_memory().device(),
+                  static_cast<double>(r.gpu_memory().used_bytes()) / (1 << 30),
+                  static_cast<double>(r.gpu_memory().total_bytes()) / (1 << 30));
+    }
   }
 }
 

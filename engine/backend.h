@@ -96,6 +96,13 @@ struct BackendOptions {
   CudaTuning cuda;
 };
 
+// The memory of the GPU a backend runs on, as the driver reports it.
+struct DeviceMemory {
+  int device = 0;
+  int64_t used_bytes = 0;  // total - free, every process on the device
+  int64_t total_bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -121,6 +128,10 @@ class Backend {
   // UnregisterHostMemory before the memory is unmapped.
   virtual Status RegisterHostMemory(void* /*data*/, size_t /*bytes*/) { return Status::Ok(); }
   virtual void UnregisterHostMemory(void* /*data*/) {}
+
+  // The memory of this backend's GPU now; false when it runs on none (the CPU backend) or the
+  // driver cannot say. Costs a driver call: callers sample it, not every step.
+  virtual bool QueryDeviceMemory(DeviceMemory* /*memory*/) const { return false; }
 
   // Thread-safe: makes the Step of this generation (or an earlier one) leave its waits and
   // return kAborted; a later step is unaffected, so an abort that races with the end of its

@@ -543,6 +543,19 @@ void CudaBackend::UnregisterHostMemory(void* data) {
   registered_.erase(it);
 }
 
+bool CudaBackend::QueryDeviceMemory(DeviceMemory* memory) const {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  if (cudaSetDevice(options_.device) != cudaSuccess ||
+      cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    return false;
+  }
+  memory->device = options_.device;
+  memory->used_bytes = static_cast<int64_t>(total_bytes - free_bytes);
+  memory->total_bytes = static_cast<int64_t>(total_bytes);
+  return true;
+}
+
 void CudaBackend::LogRole2Trace(const kernels::StepHeader& header, uint64_t generation) const {
   std::vector<kernels::TaskTrace> trace;
   if (const cudaError_t err = graph_->ReadRole2Trace(header, last_bm_, &trace);

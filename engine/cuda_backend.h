@@ -48,6 +48,7 @@ class CudaBackend final : public Backend {
   Status Step(const StepContext& ctx, StepOutput* out) override;
   Status RegisterHostMemory(void* data, size_t bytes) override;
   void UnregisterHostMemory(void* data) override;
+  bool QueryDeviceMemory(DeviceMemory* memory) const override;
   void Abort(uint64_t generation) override;
 
   const kernels::GreenContextPair& partitions() const { return graph_->partitions(); }

@@ -77,6 +77,9 @@ class Engine {
     return backend_->RegisterHostMemory(data, bytes);
   }
   void UnregisterHostMemory(void* data) { backend_->UnregisterHostMemory(data); }
+  bool QueryDeviceMemory(DeviceMemory* memory) const {
+    return backend_->QueryDeviceMemory(memory);
+  }
 
   // Thread-safe: the step of this generation (or earlier) gives up as soon as it can.
   void Abort(uint64_t generation) { backend_->Abort(generation); }

@@ -283,6 +283,7 @@ void Coordinator::OnMessage(const std::shared_ptr<RankSession>& session,
     if (message.has_ready()) {
       const internal::Ready& ready = message.ready();
       if (ready.epoch() != epoch_) return;
+      if (ready.has_gpu_memory()) slots_[r].gpu_memory = ready.gpu_memory();
       if (!ready.error().empty()) {
         spdlog::error("{} could not connect for epoch {}: {}", session->Describe(), epoch_,
                       ready.error());
@@ -305,6 +306,7 @@ void Coordinator::OnMessage(const std::shared_ptr<RankSession>& session,
       }
     } else if (message.has_step_result()) {
       const internal::StepResult& result = message.step_result();
+      if (result.has_gpu_memory()) slots_[r].gpu_memory = result.gpu_memory();
       if (in_flight_.active && result.generation() == in_flight_.generation &&
           !in_flight_.reported[r]) {
         in_flight_.results[r] = result;
@@ -333,6 +335,7 @@ void Coordinator::Unregister(const std::shared_ptr<RankSession>& session) {
     if (slots_[r].session == session) {
       slots_[r].session.reset();
       slots_[r].ready = false;
+      slots_[r].gpu_memory.reset();
       StopResultReader(&slots_[r]);
       slots_[r].io.reset();  // a step still using it holds its own reference
       reconfiguring_ = false;
@@ -500,6 +503,7 @@ void Coordinator::FillRankStats(gcmoe::v1::Stats* stats) const {
     gcmoe::v1::RankStats* rank = stats->mutable_ranks(r);
     rank->set_ready(slots_[r].session && slots_[r].ready);
     rank->set_restarts(slots_[r].registrations > 0 ? slots_[r].registrations - 1 : 0);
+    if (slots_[r].gpu_memory) *rank->mutable_gpu_memory() = *slots_[r].gpu_memory;
   }
 }
 

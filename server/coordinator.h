@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -112,6 +113,8 @@ class Coordinator {
     std::shared_ptr<RankIo> io;  // this session's region; null: inline tensors
     // Stops the thread that reads this session's results from its region's doorbell.
     std::shared_ptr<std::atomic<bool>> io_stop;
+    // The session's latest report of its GPU's memory (Ready, then sampled step results).
+    std::optional<gcmoe::v1::GpuMemory> gpu_memory;
   };
   struct InFlight {
     uint64_t generation = 0;

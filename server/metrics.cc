@@ -202,17 +202,30 @@ class Metrics::StateCollector : public prometheus::Collectable {
       restart_metric.label.push_back(Label("rank", r));
       restarts.metric.push_back(restart_metric);
     }
+    auto memory_used = NewFamily("gcmoe_gpu_memory_used_bytes",
+                                 "Memory in use on the rank's GPU (total - free as the driver "
+                                 "reports it, every process on that GPU), by rank",
+                                 MetricType::Gauge);
+    auto memory_total = NewFamily("gcmoe_gpu_memory_total_bytes",
+                                  "Memory of the rank's GPU, by rank", MetricType::Gauge);
+    for (const gcmoe::v1::RankStats& rank : state.ranks) {
+      if (!rank.has_gpu_memory()) continue;
+      const std::string r = std::to_string(rank.rank());
+      const std::string device = std::to_string(rank.gpu_memory().device());
+      prometheus::ClientMetric used =
+          GaugeValue(static_cast<double>(rank.gpu_memory().used_bytes()));
+      used.label = {Label("device", device), Label("rank", r)};
+      memory_used.metric.push_back(used);
+      prometheus::ClientMetric total =
+          GaugeValue(static_cast<double>(rank.gpu_memory().total_bytes()));
+      total.label = {Label("device", device), Label("rank", r)};
+      memory_total.metric.push_back(total);
+    }
     std::vector<prometheus::MetricFamily> families = {serving, queue, ready, restarts};
-    if (!state.gpu_memory_used_bytes.empty()) {
-      auto memory = NewFamily("gcmoe_gpu_memory_used_bytes",
-                              "GPU memory the rank's backend holds, by rank", MetricType::Gauge);
-      for (size_t r = 0; r < state.gpu_memory_used_bytes.size(); ++r) {
-        prometheus::ClientMetric metric =
-            GaugeValue(static_cast<double>(state.gpu_memory_used_bytes[r]));
-        metric.label.push_back(Label("rank", std::to_string(r)));
-        memory.metric.push_back(metric);
-      }
-      families.push_back(memory);
+    // Families with no sample (no rank on a GPU) are left out rather than exported empty.
+    if (!memory_used.metric.empty()) {
+      families.push_back(memory_used);
+      families.push_back(memory_total);
     }
     return families;
   }

@@ -3,7 +3,7 @@
 //
 // Counters and histograms are recorded where a call ends, at the public API's edge
 // (server/moe_service.cc), from what the call returned; state that lives elsewhere (queue depth,
-// rank readiness and restarts) is read when Prometheus scrapes, so the coordinator's hot path
+// rank readiness, restarts and GPU memory) is read when Prometheus scrapes, so the coordinator's hot path
 // carries no metrics code. README "Operating it" lists every metric.
 #pragma once
 
@@ -29,9 +29,8 @@ namespace gcmoe::server {
 struct ServiceState {
   bool serving = false;
   int queue_depth = 0;                      // Forward calls waiting behind the step in flight
-  std::vector<gcmoe::v1::RankStats> ranks;  // readiness and restarts, one per rank
-  // Bytes of GPU memory in use per rank, where the backend reports it; empty otherwise.
-  std::vector<int64_t> gpu_memory_used_bytes;
+  // Readiness, restarts and GPU memory (where the rank has a GPU), one per rank.
+  std::vector<gcmoe::v1::RankStats> ranks;
 };
 
 class Metrics {

@@ -237,6 +237,21 @@ void RankProcess::WorkerLoop(Stream* stream) {
   }
 }
 
+bool RankProcess::SampleGpuMemory(bool force, gcmoe::v1::GpuMemory* memory) {
+  // Often enough for a scrape every few seconds; rare enough that the driver call stays off
+  // all but one step a second.
+  constexpr auto kMemorySampleInterval = std::chrono::seconds(1);
+  const auto now = std::chrono::steady_clock::now();
+  if (!force && now - memory_sampled_ < kMemorySampleInterval) return false;
+  engine::DeviceMemory device;
+  if (!engine_->QueryDeviceMemory(&device)) return false;
+  memory_sampled_ = now;
+  memory->set_device(device.device);
+  memory->set_used_bytes(device.used_bytes);
+  memory->set_total_bytes(device.total_bytes);
+  return true;
+}
+
 void RankProcess::HandleSetup(const internal::Setup& setup, Stream* stream) {
   std::vector<std::string> peers(setup.peer_transport_names().begin(),
                                  setup.peer_transport_names().end());
@@ -260,6 +275,8 @@ void RankProcess::HandleSetup(const internal::Setup& setup, Stream* stream) {
   internal::RankMessage reply;
   reply.mutable_ready()->set_epoch(setup.epoch());
   reply.mutable_ready()->set_io_error(io_error);
+  gcmoe::v1::GpuMemory memory;
+  if (SampleGpuMemory(/*force=*/true, &memory)) *reply.mutable_ready()->mutable_gpu_memory() = memory;
   if (!status.ok()) {
     reply.mutable_ready()->set_error(status.ToString());
     spdlog::error("rank {}: epoch {} setup failed: {}", options_.rank, setup.epoch(),
@@ -400,6 +417,8 @@ void RankProcess::HandleStep(const Received& received, Stream* stream) {
     result->set_device_ns(stats_.device_ns);
     result->set_d2h_ns(stats_.d2h_ns);
   }
+  gcmoe::v1::GpuMemory memory;
+  if (SampleGpuMemory(/*force=*/false, &memory)) *result->mutable_gpu_memory() = memory;
   result->set_received_ns(received_ns);
   result->set_replied_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now().time_since_epoch())

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -64,6 +65,9 @@ class RankProcess {
   // Maps the I/O region Setup names (or unmaps it when it names none); the error, if any.
   std::string MapIo(const gcmoe::internal::v1::Setup& setup);
   void UnmapIo();
+  // Fills *memory with the GPU's memory when the backend has a GPU and the last sample is older
+  // than kMemorySampleInterval (always with force); false otherwise. Worker only.
+  bool SampleGpuMemory(bool force, gcmoe::v1::GpuMemory* memory);
   // Takes steps from the I/O region's doorbell into the worker's queue until doorbell_stop_.
   void DoorbellLoop();
 
@@ -76,6 +80,7 @@ class RankProcess {
   std::unique_ptr<engine::Engine> engine_;
   engine::StepOutput output_;
   engine::StepStats stats_;
+  std::chrono::steady_clock::time_point memory_sampled_;  // worker only
   uint64_t placement_version_ = 0;  // of the placement installed by the last Setup (worker only)
   int failed_connects_ = 0;         // consecutive sessions that could not connect (Run only)
 

@@ -229,7 +229,7 @@ bool ParseList(const std::string& flag, const std::string& text, std::vector<int
 
 int RunBenchServe(int argc, char** argv) {
   Options o;
-  Flags flags("gcmoe bench serve [--config FILE | --addr HOST:PORT] [flags]", kSummary);
+  Flags flags("gcmoe bench serve [--config FILE | --addr HOST:PORT]", kSummary);
   flags.String("config", &o.config, "config of the service to start (default: the embedded one)");
   flags.Repeated("set", &o.overrides, "override a config key of the started service");
   flags.String("addr", &o.addr, "measure the service at this address instead of starting one");

@@ -4,6 +4,7 @@
 // determinism and the errors a step can return.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -306,6 +307,41 @@ TEST_F(CudaBackendTest, StepErrorsNameTheProblem) {
   // The plan is built from the ids, so a bad id is refused before the backend (plan build) or
   // by the backend's own check; either way the step fails with InvalidArgument.
   EXPECT_EQ(pair->Run(pair->cuda(), bad, ++generation_, &out).code(), StatusCode::kInvalidArgument);
+}
+
+// What the rank reports as gcmoe_gpu_memory_used_bytes: the device's total and what is in use,
+// which grows by what this process allocates (the driver's granularity aside) and never falls
+// below the weights the backend holds; the CPU backend reports nothing.
+TEST_F(CudaBackendTest, DeviceMemoryFollowsAllocations) {
+  const engine::ModelSpec spec = SmallModel(true);
+  server::RandomCodeWeightSource weights(spec, 19);
+  auto pair = BackendPair::Create(spec, 64, weights);
+  ASSERT_NE(pair, nullptr);
+  engine::DeviceMemory none;
+  EXPECT_FALSE(pair->cpu()->QueryDeviceMemory(&none));
+
+  engine::DeviceMemory before;
+  ASSERT_TRUE(pair->cuda()->QueryDeviceMemory(&before));
+  int device = -1;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, device), cudaSuccess);
+  EXPECT_EQ(before.device, device);
+  EXPECT_EQ(before.total_bytes, static_cast<int64_t>(prop.totalGlobalMem));
+  EXPECT_GT(before.used_bytes, 0);
+  EXPECT_LT(before.used_bytes, before.total_bytes);
+
+  constexpr int64_t kBlock = int64_t{1} << 30;
+  void* block = nullptr;
+  ASSERT_EQ(cudaMalloc(&block, kBlock), cudaSuccess);
+  engine::DeviceMemory after;
+  const bool queried = pair->cuda()->QueryDeviceMemory(&after);
+  cudaFree(block);
+  ASSERT_TRUE(queried);
+  // Another process may allocate or free meanwhile; on a GPU of our own the growth is the block
+  // rounded up to the driver's 2 MiB pages.
+  EXPECT_GE(after.used_bytes - before.used_bytes, kBlock);
+  EXPECT_LE(after.used_bytes - before.used_bytes, kBlock + (int64_t{64} << 20));
 }
 
 // Small enough for compute-sanitizer (bench/gpu_checks.sh runs it there).

@@ -209,6 +209,7 @@ SeparateProcesses::SeparateProcesses(const std::string& name, std::vector<std::s
   }
   address_ = (*lines)[0];
   rank_address_ = (*lines)[1];
+  if (lines->size() >= 3) metrics_address_ = (*lines)[2];
   for (int r = 0; r < ranks; ++r) StartRank(r);
 }
 

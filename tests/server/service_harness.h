@@ -84,6 +84,7 @@ class SeparateProcesses {
   void StartRank(int r);
   const std::string& address() const { return address_; }
   const std::string& rank_address() const { return rank_address_; }
+  const std::string& metrics_address() const { return metrics_address_; }
   const std::string& secret_file() const { return secret_file_; }
   Process& rank(int r) { return *ranks_[r]; }
   Process& coordinator() { return *coordinator_; }
@@ -97,6 +98,7 @@ class SeparateProcesses {
   std::vector<std::unique_ptr<Process>> ranks_;
   std::string address_;
   std::string rank_address_;
+  std::string metrics_address_;
 };
 
 // Random unit-scale activations, distinct experts per token (a slot in `unused_every` is -1).
