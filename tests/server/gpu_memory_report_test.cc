@@ -85,11 +85,12 @@ class ReportingRank {
         internal::StepResult* result = reply.mutable_step_result();
         result->set_generation(step.generation());
         const int rows = static_cast<int>(step.tokens_per_rank(rank));
+        const bool fp32 = step.output_dtype() == gcmoe::v1::FP32;
         gcmoe::v1::Tensor* out = result->mutable_output();
-        out->set_dtype(gcmoe::v1::BF16);
+        out->set_dtype(fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
         out->add_shape(rows);
         out->add_shape(hidden_);
-        out->set_data(std::string(static_cast<size_t>(rows) * hidden_ * 2, '\0'));
+        out->set_data(std::string(static_cast<size_t>(rows) * hidden_ * (fp32 ? 4 : 2), '\0'));
         for (int r = 0; r < step.tokens_per_rank_size(); ++r) {
           result->add_load_before(0);
           result->add_load_after(0);
