@@ -24,9 +24,15 @@ bool AllDigits(const std::string& s) {
 constexpr IntRule kPositive{.min = 1, .expected = "a positive integer"};
 constexpr IntRule kNonNegative{.min = 0, .expected = "a non-negative integer"};
 constexpr IntRule kPositiveMs{.min = 1, .expected = "a positive integer (milliseconds)"};
-// Block scaling quantizes H and I in blocks of 32 (DESIGN.md §4).
-constexpr IntRule kMultipleOf32{
-    .min = 1, .multiple_of = 32, .expected = "a positive multiple of 32"};
+// Block scaling quantizes H and I in blocks of 32 (DESIGN.md §4). The upper bounds are the
+// checkpoint reader's (engine/hf_checkpoint.h): a mistyped size is refused by key instead of
+// sizing weights and workspaces by it.
+constexpr IntRule kMultipleOf32{.min = 1,
+                                .max = 1 << 20,
+                                .multiple_of = 32,
+                                .expected = "a positive multiple of 32 up to 1048576"};
+constexpr IntRule kExpertsOrLayers{
+    .min = 1, .max = 1 << 16, .expected = "a positive integer up to 65536"};
 
 std::string FloatText(float v) {
   char text[32];
@@ -93,13 +99,14 @@ void ReadModel(ObjectReader r, ModelConfig* m, const CheckpointReader& reader) {
   };
   int_key("hidden", kMultipleOf32, &m->hidden, &CheckpointModel::hidden);
   int_key("intermediate", kMultipleOf32, &m->intermediate, &CheckpointModel::intermediate);
-  int_key("experts", kPositive, &m->experts, &CheckpointModel::experts);
+  int_key("experts", kExpertsOrLayers, &m->experts, &CheckpointModel::experts);
   int_key("top_k", kPositive, &m->top_k, &CheckpointModel::top_k);
-  int_key("layers", kPositive, &m->layers, &CheckpointModel::layers);
+  int_key("layers", kExpertsOrLayers, &m->layers, &CheckpointModel::layers);
   int_key("shared_intermediate",
           {.min = 0,
+           .max = 1 << 20,
            .multiple_of = 32,
-           .expected = "0 (no shared expert) or a positive multiple of 32"},
+           .expected = "0 (no shared expert) or a positive multiple of 32 up to 1048576"},
           &m->shared_intermediate, &CheckpointModel::shared_intermediate,
           /*may_be_required=*/false);
 

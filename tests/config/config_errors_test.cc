@@ -43,13 +43,19 @@ TEST_P(ConfigErrorTable, ReportsExactlyTheExpectedLine) {
 
 const BadConfig kBadConfigs[] = {
     {"HiddenNotMultipleOf32", [](json& j) { j["model"]["hidden"] = 100; },
-     "model.hidden: expected a positive multiple of 32, got 100"},
+     "model.hidden: expected a positive multiple of 32 up to 1048576, got 100"},
+    {"HiddenTooLarge", [](json& j) { j["model"]["hidden"] = 1 << 21; },
+     "model.hidden: expected a positive multiple of 32 up to 1048576, got 2097152"},
+    {"ExpertsTooMany", [](json& j) { j["model"]["experts"] = 70000; },
+     "model.experts: expected a positive integer up to 65536, got 70000"},
+    {"LayersTooMany", [](json& j) { j["model"]["layers"] = 1 << 20; },
+     "model.layers: expected a positive integer up to 65536, got 1048576"},
     {"HiddenIsFloat", [](json& j) { j["model"]["hidden"] = 256.0; },
      "model.hidden: expected an integer, got 256.0"},
     {"IntermediateZero", [](json& j) { j["model"]["intermediate"] = 0; },
-     "model.intermediate: expected a positive multiple of 32, got 0"},
+     "model.intermediate: expected a positive multiple of 32 up to 1048576, got 0"},
     {"HiddenMissing", [](json& j) { j["model"].erase("hidden"); },
-     "model.hidden: required key is missing (expected a positive multiple of 32)"},
+     "model.hidden: required key is missing (expected a positive multiple of 32 up to 1048576)"},
     {"ModelMissing", [](json& j) { j.erase("model"); },
      "model: required section is missing (expected an object with hidden, intermediate, experts, "
      "top_k, layers and weights)"},
@@ -84,7 +90,8 @@ const BadConfig kBadConfigs[] = {
     {"TopKAboveExperts", [](json& j) { j["model"]["top_k"] = 20; },
      "model.top_k: expected at most model.experts (16), got 20"},
     {"SharedNotMultipleOf32", [](json& j) { j["model"]["shared_intermediate"] = 100; },
-     "model.shared_intermediate: expected 0 (no shared expert) or a positive multiple of 32, "
+     "model.shared_intermediate: expected 0 (no shared expert) or a positive multiple of 32 up to "
+     "1048576, "
      "got 100"},
     {"FewerExpertsThanRanks",
      [](json& j) {
@@ -255,8 +262,8 @@ TEST(ConfigErrors, EveryProblemIsReportedTogetherInDocumentOrder) {
   EXPECT_THAT(
       Lines(config.status().message()),
       ::testing::ElementsAre(
-          "model.hidden: expected a positive multiple of 32, got 100",
-          "model.layers: expected a positive integer, got 0",
+          "model.hidden: expected a positive multiple of 32 up to 1048576, got 100",
+          "model.layers: expected a positive integer up to 65536, got 0",
           "parallel.ranks: expected an integer, got \"2\"",
           "balancer.passes: expected a positive integer or \"auto\", got 0",
           "server.listen: expected host:port, got \"localhost\"",
@@ -272,8 +279,9 @@ TEST(ConfigErrors, RulesBetweenKeysSkipKeysThatAlreadyFailed) {
   Result<Config> config = ParseConfig(document.dump(), "bad.json");
   ASSERT_FALSE(config.ok());
   EXPECT_THAT(Lines(config.status().message()),
-              ::testing::ElementsAre("model.experts: expected a positive integer, got 0",
-                                     "model.top_k: expected an integer, got \"four\""));
+              ::testing::ElementsAre(
+                  "model.experts: expected a positive integer up to 65536, got 0",
+                  "model.top_k: expected an integer, got \"four\""));
 }
 
 }  // namespace

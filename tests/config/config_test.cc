@@ -177,7 +177,8 @@ TEST(ConfigOverrides, LaterOverridesWinAndApplyBeforeValidation) {
   // And an override can break a valid file.
   Result<Config> broken = ParseConfig(DefaultConfigText(), "test", {"model.hidden=100"});
   ASSERT_FALSE(broken.ok());
-  EXPECT_EQ(broken.status().message(), "model.hidden: expected a positive multiple of 32, got 100");
+  EXPECT_EQ(broken.status().message(),
+            "model.hidden: expected a positive multiple of 32 up to 1048576, got 100");
 }
 
 TEST(ConfigOverrides, BadOverridesAreReportedWithTheOtherProblems) {

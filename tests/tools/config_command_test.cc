@@ -67,7 +67,7 @@ TEST(ConfigCommand, ValidateReportsEveryProblemAndFails) {
   EXPECT_EQ(r.out, "");
   EXPECT_EQ(r.err, path +
                        ": invalid (2 problems)\n"
-                       "  model.hidden: expected a positive multiple of 32, got 100\n"
+                       "  model.hidden: expected a positive multiple of 32 up to 1048576, got 100\n"
                        "  server.listen: expected host:port, got \"localhost\"\n");
 }
 
