@@ -124,7 +124,7 @@ class Units(unittest.TestCase):
 class SplitUnitsFromTheInstalledConfig(unittest.TestCase):
     def test_installed_config_serves_with_ranks_started_apart(self):
         workdir = tempfile.mkdtemp(prefix="gcmoe-install-", dir=ARGS.workdir)
-        processes = []
+        processes = ops.Processes(ARGS.gcmoe, workdir)
         try:
             build_dir = os.path.dirname(os.path.abspath(ARGS.gcmoe))
             r = subprocess.run([os.path.join(REPO, "deploy", "install.sh"), "--build-dir",
@@ -149,9 +149,7 @@ class SplitUnitsFromTheInstalledConfig(unittest.TestCase):
                     ("coordinator", ["coordinator", "--listen", "127.0.0.1:0", "--address-file",
                                      address_file]),
                     ("rank0", ["rank", "--rank", "0"]), ("rank1", ["rank", "--rank", "1"])]:
-                log = open(os.path.join(workdir, name + ".log"), "w")
-                processes.append((subprocess.Popen([ARGS.gcmoe, *args, *common], stdout=log,
-                                                   stderr=subprocess.STDOUT), log))
+                processes.start(name, [*args, *common])
             address = ops.wait_for_lines(address_file, 1, 60)[0]
             deadline = time.monotonic() + 90
             with grpc.insecure_channel(address) as channel:
@@ -159,11 +157,7 @@ class SplitUnitsFromTheInstalledConfig(unittest.TestCase):
                     self.assertLess(time.monotonic(), deadline, "the split processes never served")
                     time.sleep(0.3)
         finally:
-            for process, log in processes:
-                if process.poll() is None:
-                    process.terminate()
-                    process.wait(timeout=30)
-                log.close()
+            processes.stop()
             shutil.rmtree(workdir, ignore_errors=True)
 
 

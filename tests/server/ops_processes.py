@@ -48,6 +48,34 @@ def wait_for_lines(path, count, timeout_s, process=None, log_path=None):
     raise AssertionError(f"{path} did not get {count} line(s) in {timeout_s} s; log:\n{log}")
 
 
+class Processes:
+    """The gcmoe processes one test starts, each logging to WORKDIR/NAME.log; stop() ends the
+    ones still running (SIGTERM, then SIGKILL after 30 s) and closes their logs."""
+
+    def __init__(self, gcmoe, workdir):
+        self.gcmoe, self.workdir = gcmoe, workdir
+        self.started = []  # (process, log file)
+
+    def start(self, name, args):
+        """Starts `gcmoe ARGS`; returns the process and its log's path."""
+        log = open(os.path.join(self.workdir, name + ".log"), "w")
+        process = subprocess.Popen([self.gcmoe, *args], stdout=log, stderr=subprocess.STDOUT)
+        self.started.append((process, log))
+        return process, log.name
+
+    def stop(self):
+        for process, log in self.started:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            log.close()
+        self.started = []
+
+
 class Serve:
     """`gcmoe serve` on loopback ports, with its metrics endpoint on a free port."""
 

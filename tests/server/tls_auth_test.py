@@ -292,13 +292,10 @@ class RankPortMutualTls(unittest.TestCase):
     def test_rank_with_an_untrusted_certificate_is_refused(self):
         workdir = tempfile.mkdtemp(prefix="gcmoe-rank-tls-", dir=ARGS.workdir)
         pki = Pki(workdir)
-        processes = []
+        processes = ops.Processes(ARGS.gcmoe, workdir)
 
         def start(name, args):
-            log = open(os.path.join(workdir, name + ".log"), "w")
-            processes.append((subprocess.Popen([ARGS.gcmoe, *args], stdout=log,
-                                               stderr=subprocess.STDOUT), log))
-            return log.name
+            return processes.start(name, args)[1]
 
         try:
             # Every process holds the attach secret: the rogue differs in its certificate only.
@@ -322,10 +319,11 @@ class RankPortMutualTls(unittest.TestCase):
             self.assertNotRegex(coordinator_log, r"rank 1 .*attached")
             with open(rogue_log) as f:
                 self.assertIn("cannot connect to the coordinator at " + rank_address, f.read())
-            self.assertEqual(processes[-1][0].poll(), None, "the rogue rank gave up")
+            rogue = processes.started[-1][0]
+            self.assertEqual(rogue.poll(), None, "the rogue rank gave up")
             # Rank 1's shared-memory segments are the rogue's until it has exited.
-            processes[-1][0].terminate()
-            processes[-1][0].wait(timeout=30)
+            rogue.terminate()
+            rogue.wait(timeout=30)
             start("rank1", ["rank", "--rank", "1", "--coordinator", rank_address] +
                   pki.rank_settings() + secret)
             deadline = time.monotonic() + 60
@@ -337,11 +335,7 @@ class RankPortMutualTls(unittest.TestCase):
                 time.sleep(0.2)
             channel.close()
         finally:
-            for process, log in processes:
-                if process.poll() is None:
-                    process.terminate()
-                    process.wait(timeout=30)
-                log.close()
+            processes.stop()
             shutil.rmtree(workdir, ignore_errors=True)
 
 
