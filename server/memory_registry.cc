@@ -8,10 +8,11 @@
 #include <cerrno>
 #include <cstring>
 
-#include "server/rank_io.h"
 
 namespace gcmoe::server {
 namespace {
+
+constexpr const char* kReservedKeyPrefix = "gcmoe-";
 
 std::string Errno() { return std::strerror(errno); }
 
@@ -23,16 +24,19 @@ bool Printable(const std::string& s) {
   return true;
 }
 
-// A name as shm_open takes it: "/" then 1..254 bytes with no further "/". The rank I/O regions'
-// prefix is refused: those objects belong to the coordinator and its ranks.
+// A name as shm_open takes it: "/" then 1..254 bytes with no further "/". Names starting with
+// "gcmoe-" are refused: the service's own objects (the ranks' I/O regions, the engine's
+// exchange segments) carry it, and the service opens a key with its own user's rights, so a
+// client must not be able to have it map them.
 Status CheckKey(const std::string& field, const std::string& key) {
   if (key.size() < 2 || key.size() > 255 || key[0] != '/' ||
       key.find('/', 1) != std::string::npos || !Printable(key)) {
     return InvalidArgument(field + ": expected a POSIX shared-memory name \"/NAME\" (1 to 254 "
                            "printable ASCII bytes, no other '/')");
   }
-  if (key.compare(1, std::strlen(RankIo::kNamePrefix), RankIo::kNamePrefix) == 0) {
-    return InvalidArgument(field + ": \"" + key + "\" is reserved for the service's own regions");
+  if (key.compare(1, std::strlen(kReservedKeyPrefix), kReservedKeyPrefix) == 0) {
+    return InvalidArgument(field + ": \"" + key + "\": names starting with \"/" +
+                           kReservedKeyPrefix + "\" are the service's own objects");
   }
   return Status::Ok();
 }

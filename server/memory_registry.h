@@ -34,8 +34,8 @@ namespace gcmoe::server {
 class MappedRegion {
  public:
   // NOT_FOUND when `key` names no object; INVALID_ARGUMENT (naming `field`) for a malformed key,
-  // an object that is not a regular shared-memory object, or one smaller than offset +
-  // byte_size.
+  // a key starting with "/gcmoe-" (the service's own objects), an object that is not a regular
+  // shared-memory object, or one smaller than offset + byte_size.
   static Result<std::shared_ptr<MappedRegion>> Map(const std::string& field, const std::string& key,
                                                    uint64_t offset, uint64_t byte_size);
   ~MappedRegion();

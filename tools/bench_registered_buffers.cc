@@ -29,7 +29,8 @@ Result<std::unique_ptr<RegisteredBuffers>> RegisteredBuffers::Create(
   b->timeout_ms_ = timeout_ms;
   b->variants_ = requests.size();
   b->name_ = "bench-" + std::to_string(getpid());
-  const std::string key = "/gcmoe-bench-" + std::to_string(getpid());
+  // Not "/gcmoe-...": the service refuses its own prefix.
+  const std::string key = "/gcmoe_bench-" + std::to_string(getpid());
   size_t inputs = 0;
   for (const auto& r : requests) inputs += InputBytes(r);
   b->bytes_ = inputs + static_cast<size_t>(callers) * Aligned(static_cast<size_t>(output_bytes));

@@ -474,7 +474,7 @@ def readme_registered_memory(args):
     code = section[start:section.index("```", start)]
     before = set(os.listdir("/dev/shm"))
     exec(compile(code, "README.md (Registered memory)", "exec"), {"ADDR": args.addr})
-    left = [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("gcmoe-py-")]
+    left = [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("gcmoe_py-")]
     if left:
         fail(f"the example left shared-memory objects behind: {left}")
     with gcmoe.SharedMemoryRegion(4096) as shm:

@@ -31,7 +31,7 @@ using gcmoe::v1::ForwardResponse;
 class TestShm {
  public:
   TestShm(const std::string& name, size_t bytes)
-      : key_("/gcmoe-test-" + name + "-" + std::to_string(getpid())), bytes_(bytes) {
+      : key_("/gcmoe_test-" + name + "-" + std::to_string(getpid())), bytes_(bytes) {
     shm_unlink(key_.c_str());
     const int fd = shm_open(key_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     EXPECT_GE(fd, 0) << key_ << ": " << std::strerror(errno);
@@ -413,7 +413,7 @@ TEST(RegisteredMemoryTest, BadReferencesGetTheirCodesAndTheServiceKeepsServing) 
   // Registration errors.
   EXPECT_STATUS(Register(address, "mine", shm.key(), 0, 4096, alice),
                 grpc::StatusCode::ALREADY_EXISTS, "name: \"mine\" is already registered");
-  EXPECT_STATUS(Register(address, "gone", "/gcmoe-test-no-such-object", 0, 4096, alice),
+  EXPECT_STATUS(Register(address, "gone", "/gcmoe_test-no-such-object", 0, 4096, alice),
                 grpc::StatusCode::NOT_FOUND, "posix_shm.key: no shared-memory object");
   EXPECT_STATUS(Register(address, "big", shm.key(), 4096, shm.bytes(), alice),
                 grpc::StatusCode::INVALID_ARGUMENT, "posix_shm.byte_size: offset + byte_size");
@@ -423,9 +423,12 @@ TEST(RegisteredMemoryTest, BadReferencesGetTheirCodesAndTheServiceKeepsServing) 
                 grpc::StatusCode::INVALID_ARGUMENT, "posix_shm.key: expected a POSIX");
   EXPECT_STATUS(Register(address, "", shm.key(), 0, 4096, alice),
                 grpc::StatusCode::INVALID_ARGUMENT, "name: 0 bytes");
+  // The service's own objects (here a rank I/O region's name) cannot be registered.
+  EXPECT_STATUS(Register(address, "theirs", "/gcmoe-io-r0-0123456789abcdef", 0, 4096, alice),
+                grpc::StatusCode::INVALID_ARGUMENT, "are the service's own objects");
   {
     // Not a regular shared-memory object: a FIFO where the object would be.
-    const std::string fifo = "gcmoe-test-fifo-" + std::to_string(getpid());
+    const std::string fifo = "gcmoe_test-fifo-" + std::to_string(getpid());
     ASSERT_EQ(mkfifo(("/dev/shm/" + fifo).c_str(), 0600), 0);
     EXPECT_STATUS(Register(address, "fifo", "/" + fifo, 0, 4096, alice),
                   grpc::StatusCode::INVALID_ARGUMENT, "is not a regular shared-memory object");

@@ -43,7 +43,7 @@ class RegionArray:
 
 class SharedMemoryRegion:
     """A new POSIX shared-memory object of `byte_size` bytes, readable and writable by this user
-    only. `key` is what RegisterMemory maps ("/gcmoe-py-..."); `name` the registration's name
+    only. `key` is what RegisterMemory maps ("/gcmoe_py-..."); `name` the registration's name
     (default: the key without its slash). array() hands out aligned arrays in it, one after the
     other. close() removes the object; this process's mapping goes with the last NumPy view of
     it, and the service keeps its own until the registration is dropped and its last call has
@@ -54,7 +54,7 @@ class SharedMemoryRegion:
     def __init__(self, byte_size, name=None):
         if int(byte_size) <= 0:
             raise ValueError(f"byte_size: {byte_size}, expected at least 1")
-        base = "gcmoe-py-" + secrets.token_hex(8)
+        base = "gcmoe_py-" + secrets.token_hex(8)  # "gcmoe-" is the service's own prefix
         self.key = "/" + base
         self.name = name or base
         self.byte_size = int(byte_size)
