@@ -21,7 +21,9 @@ RPC = "ForwardStream"
 
 def reply_result(reply, request_id):
     """The ForwardResponse of a ForwardStreamResponse, or the typed error of its status."""
-    if reply.request_id != request_id:
+    # A request sent without an id gets one the server generates, so only a request that named
+    # its id can be matched by it.
+    if request_id and reply.request_id != request_id:
         # Only a server that breaks the in-order contract gets here; no later reply can be
         # trusted to belong to its request either.
         raise GcmoeError(grpc.StatusCode.INTERNAL,
