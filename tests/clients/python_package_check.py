@@ -24,7 +24,8 @@ name override connect. fp8: encodes X [N, 32m] with
 gcmoe.numerics.quantize_fp8 and saves the E4M3 codes and UE8M0 scales (as int32) for the C++ test
 to compare with the server's quantizer. readme-registered-memory: runs the Python example of
 README.md's "Registered memory" section (which asserts its own results) with ADDR set, then
-checks that the shared-memory object it made is gone and that the client refuses an output
+checks that the shared-memory object it made is gone, that the asyncio client and a ForwardStream
+give the same bytes through a region with a BF16 output, and that the client refuses an output
 array of the wrong dtype.
 """
 import argparse
@@ -477,6 +478,28 @@ def readme_registered_memory(args):
     left = [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("gcmoe_py-")]
     if left:
         fail(f"the example left shared-memory objects behind: {left}")
+    with gcmoe.Client(args.addr, timeout=30.0) as client:
+        info = client.info()
+        hidden, ids, weights = random_inputs(info, 5, 23)
+        expected = client.forward(hidden, ids, weights, output_dtype="bf16")
+        with gcmoe.SharedMemoryRegion(1 << 20, name="aio-check") as shm:
+            views = [shm.array(a.shape, a.dtype) for a in (hidden, ids.astype(np.int32), weights)]
+            for view, a in zip(views, (hidden, ids, weights)):
+                view.array[:] = a
+            out = shm.array((5, info.hidden), np.uint16)
+
+            async def run():
+                async with gcmoe.aio.Client(args.addr, timeout=30.0) as aio_client:
+                    await aio_client.register_memory(shm)
+                    y = await aio_client.forward(*views, output_dtype="bf16", out=out)
+                    same_bytes("aio region", np.asarray(y).view(np.uint16),
+                               np.asarray(expected).view(np.uint16))
+            asyncio.run(run())
+            out.array[:] = 0
+            with client.forward_stream() as stream:
+                y = stream.forward(*views, output_dtype="bf16", out=out)
+            same_bytes("stream region", y, np.asarray(expected).view(np.uint16))
+            client.unregister_memory("aio-check")
     with gcmoe.SharedMemoryRegion(4096) as shm:
         try:
             gcmoe.tensors.forward_request(shm.array((1, 8), np.float32),
