@@ -48,7 +48,13 @@ MoeServiceImpl::MoeServiceImpl(const config::Config& config, int64_t max_message
   limits_.layers = config.model.layers;
   limits_.max_tokens = config.max_tokens();
   limits_.world_size = config.parallel.ranks;
-  if (config.server.allow_registered_memory) registry_ = std::make_unique<MemoryRegistry>();
+  if (config.server.allow_registered_memory) {
+    registry_ = std::make_unique<MemoryRegistry>();
+    spdlog::info(
+        "registered memory is on (server.allow_registered_memory): clients on this host may have "
+        "the service map their POSIX shared memory, up to {} registrations",
+        MemoryRegistry::kMaxRegistrations);
+  }
 }
 
 std::string MoeServiceImpl::RegistrationOwner(const grpc::ServerContext& context) const {
