@@ -14,6 +14,7 @@ const char* StatusCodeName(StatusCode code) {
     case StatusCode::kAborted: return "ABORTED";
     case StatusCode::kDataLoss: return "DATA_LOSS";
     case StatusCode::kUnimplemented: return "UNIMPLEMENTED";
+    case StatusCode::kAlreadyExists: return "ALREADY_EXISTS";
     case StatusCode::kInternal: return "INTERNAL";
   }
   return "UNKNOWN";

@@ -21,6 +21,7 @@ enum class StatusCode {
   kAborted,
   kDataLoss,
   kUnimplemented,
+  kAlreadyExists,
   kInternal,
 };
 
@@ -56,6 +57,7 @@ inline Status FailedPrecondition(std::string m) { return {StatusCode::kFailedPre
 inline Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
 inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
+inline Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 // A value or the Status that explains its absence.

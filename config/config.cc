@@ -110,6 +110,7 @@ ordered_json ServerJson(const ServerConfig& s) {
   j["batch_window_us"] = s.batch_window_us;
   j["max_batch_calls"] = s.max_batch_calls;
   j["echo"] = s.echo;
+  j["allow_registered_memory"] = s.allow_registered_memory;
   j["metrics_listen"] = s.metrics_listen;
   ordered_json tls = ordered_json::object();
   tls["cert"] = s.tls.cert;

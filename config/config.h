@@ -158,6 +158,11 @@ struct ServerConfig {
   int max_batch_calls = 64;
   // server.echo: serve the Echo method (the transport floor `gcmoe bench serve` measures).
   bool echo = false;
+  // server.allow_registered_memory: serve RegisterMemory and Forward tensors that name a
+  // registered POSIX shared-memory region instead of carrying their bytes. Off by default: a
+  // registration maps a client's shared memory into the coordinator, which only a co-located,
+  // trusted frontend should be able to ask for.
+  bool allow_registered_memory = false;
   // server.metrics_listen: host:port of the Prometheus /metrics endpoint; "" = none.
   std::string metrics_listen = "127.0.0.1:9464";
   TlsConfig tls;           // server.tls

@@ -266,6 +266,7 @@ void ReadServer(ObjectReader r, ServerConfig* s) {
   r.Int("max_batch_calls", {.min = 1, .max = 4096, .expected = "an integer in 1..4096"},
         &s->max_batch_calls);
   r.Bool("echo", &s->echo);
+  r.Bool("allow_registered_memory", &s->allow_registered_memory);
   r.String(
       "metrics_listen", "host:port or \"\" (no metrics endpoint)",
       [](const std::string& v) { return v.empty() || IsHostPort(v); }, &s->metrics_listen);

@@ -77,6 +77,15 @@ size_t TokenAuthenticator::size() const {
   return tokens_.size();
 }
 
+std::string BearerToken(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  const auto found = metadata.find("authorization");
+  if (found == metadata.end()) return "";
+  const std::string_view value(found->second.data(), found->second.size());
+  if (value.substr(0, kBearer.size()) != kBearer) return "";
+  return std::string(value.substr(kBearer.size()));
+}
+
 grpc::Status TokenAuthenticator::Check(const grpc::ServerContext& context) const {
   const auto& metadata = context.client_metadata();
   const auto found = metadata.find("authorization");

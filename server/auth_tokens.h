@@ -39,6 +39,10 @@ class TokenAuthenticator {
   std::vector<std::string> tokens_;
 };
 
+// The bearer token a call presents ("" without one): the identity registered memory is scoped
+// to (server/memory_registry.h). Meaningful once Check has accepted the call.
+std::string BearerToken(const grpc::ServerContext& context);
+
 // The tokens of a tokens file, in order (exposed for tests).
 Result<std::vector<std::string>> ReadTokensFile(const std::string& path);
 

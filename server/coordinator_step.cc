@@ -78,16 +78,18 @@ void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<
     dst_ids = sized(step->mutable_topk_ids(), rb.ids);
     dst_weights = sized(step->mutable_topk_weights(), rb.weights);
   }
+  // From each call's validated bytes (its message's, or a registered region's) straight into
+  // the slot or the message.
   for (const Piece& p : pieces) {
-    const gcmoe::v1::ForwardRequest& r = *calls[p.call]->request;
-    auto copy = [&p](uint8_t* dst, const std::string& src, size_t row_bytes) {
-      std::memcpy(dst + p.shard_row * row_bytes, src.data() + p.call_row * row_bytes,
+    const ForwardBytes& b = calls[p.call]->validated->bytes;
+    auto copy = [&p](uint8_t* dst, const TensorBytes& src, size_t row_bytes) {
+      std::memcpy(dst + p.shard_row * row_bytes, src.data + p.call_row * row_bytes,
                   p.rows * row_bytes);
     };
-    copy(dst_hidden, r.hidden().data(), rb.hidden);
-    if (fp8) copy(dst_scales, r.hidden_scales().data(), rb.scales);
-    copy(dst_ids, r.topk_ids().data(), rb.ids);
-    copy(dst_weights, r.topk_weights().data(), rb.weights);
+    copy(dst_hidden, b.hidden, rb.hidden);
+    if (fp8) copy(dst_scales, b.hidden_scales, rb.scales);
+    copy(dst_ids, b.topk_ids, rb.ids);
+    copy(dst_weights, b.topk_weights, rb.weights);
   }
 }
 
@@ -98,12 +100,18 @@ Status Coordinator::AssembleOutputs(const std::vector<Call*>& calls,
                                     uint64_t generation) {
   const bool fp32 = calls.front()->validated->output_fp32;
   const size_t row_bytes = static_cast<size_t>(options_.hidden) * (fp32 ? 4 : 2);
+  // Each call's rows go to its output region (validated to hold exactly [T, H]) or into its
+  // response.
   std::vector<uint8_t*> outputs(calls.size());
   for (size_t i = 0; i < calls.size(); ++i) {
     gcmoe::v1::Tensor* output = calls[i]->response->mutable_output();
     output->set_dtype(fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
     output->add_shape(calls[i]->validated->num_tokens);
     output->add_shape(options_.hidden);
+    if (calls[i]->validated->bytes.output != nullptr) {
+      outputs[i] = calls[i]->validated->bytes.output;
+      continue;
+    }
     std::string* data = output->mutable_data();
     data->resize(static_cast<size_t>(calls[i]->validated->num_tokens) * row_bytes);
     outputs[i] = reinterpret_cast<uint8_t*>(data->data());
@@ -163,13 +171,14 @@ Status Coordinator::RunStep(const std::vector<Call*>& calls) {
     merged_counts.assign(static_cast<size_t>(P) * E, 0);
     for (int r = 0; r < P; ++r) {
       for (const Piece& p : pieces[r]) {
-        const gcmoe::v1::Tensor& ids = calls[p.call]->request->topk_ids();
-        const int k = static_cast<int>(ids.shape(1));
-        const auto* data = reinterpret_cast<const int32_t*>(ids.data().data());
+        // The validated ids: a region's were copied out before validation
+        // (server/forward_regions.h), so every one is in range.
+        const int k = static_cast<int>(calls[p.call]->request->topk_ids().shape(1));
+        const uint8_t* data = calls[p.call]->validated->bytes.topk_ids.data;
         for (int64_t t = p.call_row; t < p.call_row + p.rows; ++t) {
           for (int j = 0; j < k; ++j) {
             int32_t e;
-            std::memcpy(&e, data + t * k + j, sizeof(e));
+            std::memcpy(&e, data + sizeof(e) * (t * k + j), sizeof(e));
             if (e >= 0) ++merged_counts[static_cast<size_t>(r) * E + e];
           }
         }

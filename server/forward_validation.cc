@@ -25,8 +25,9 @@ std::string ShapeText(const Tensor& t) {
 }
 
 // Checks dtype, a 2-D shape [rows, cols] and the byte size of one tensor field.
-Status CheckMatrix(const std::string& field, const Tensor& t, DType dtype, int64_t rows,
-                   int64_t cols, const std::string& shape_names, int elem_bytes) {
+Status CheckMatrix(const std::string& field, const Tensor& t, const TensorBytes& bytes,
+                   DType dtype, int64_t rows, int64_t cols, const std::string& shape_names,
+                   int elem_bytes) {
   if (t.dtype() != dtype) {
     return InvalidArgument(field + ".dtype: " + DTypeName(t.dtype()) + ", expected " +
                            DTypeName(dtype));
@@ -40,17 +41,23 @@ Status CheckMatrix(const std::string& field, const Tensor& t, DType dtype, int64
     return InvalidArgument(field + ".shape: " + ShapeText(t) + ", expected " + shape_names +
                            " = [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
   }
-  const int64_t bytes = rows * cols * elem_bytes;
-  if (static_cast<int64_t>(t.data().size()) != bytes) {
-    return InvalidArgument(field + ".data: " + std::to_string(t.data().size()) +
-                           " bytes, expected " + std::to_string(bytes) + " (" + shape_names +
-                           " x " + std::to_string(elem_bytes) + " bytes)");
+  const int64_t expected = rows * cols * elem_bytes;
+  if (static_cast<int64_t>(bytes.size) != expected) {
+    return InvalidArgument(field + (bytes.in_region ? ".region.byte_size: " : ".data: ") +
+                           std::to_string(bytes.size) + " bytes, expected " +
+                           std::to_string(expected) + " (" + shape_names + " x " +
+                           std::to_string(elem_bytes) + " bytes)");
   }
   return Status::Ok();
 }
 
 bool IsEmpty(const Tensor& t) {
-  return t.dtype() == gcmoe::v1::DTYPE_UNSPECIFIED && t.shape_size() == 0 && t.data().empty();
+  return t.dtype() == gcmoe::v1::DTYPE_UNSPECIFIED && t.shape_size() == 0 && t.data().empty() &&
+         !t.has_region();
+}
+
+TensorBytes BytesOf(const Tensor& t) {
+  return TensorBytes{reinterpret_cast<const uint8_t*>(t.data().data()), t.data().size(), false};
 }
 
 std::string Element(int64_t index, int64_t cols) {
@@ -80,22 +87,21 @@ Bits MaxMagnitudeBits(const uint8_t* bytes, int64_t n) {
 
 // Whether every FP32 or BF16 value is finite and at most `limit` in magnitude (a limit whose
 // low 16 bits are zero or one, as 2^32 and FLT_MAX, is exact for BF16 too).
-bool AllWithin(const Tensor& t, float limit) {
-  const auto* bytes = reinterpret_cast<const uint8_t*>(t.data().data());
-  const int64_t n = static_cast<int64_t>(t.data().size());
+bool AllWithin(DType dtype, const uint8_t* bytes, size_t size, float limit) {
+  const int64_t n = static_cast<int64_t>(size);
   uint32_t limit_bits;
   std::memcpy(&limit_bits, &limit, 4);
-  if (t.dtype() == gcmoe::v1::FP32) return MaxMagnitudeBits<uint32_t>(bytes, n / 4) <= limit_bits;
+  if (dtype == gcmoe::v1::FP32) return MaxMagnitudeBits<uint32_t>(bytes, n / 4) <= limit_bits;
   return MaxMagnitudeBits<uint16_t>(bytes, n / 2) <= (limit_bits >> 16);
 }
 
 // Finite and within kMaxActivationMagnitude, for FP32 and BF16 activations (FP8 ones are
 // checked with their scales).
-Status CheckHiddenValues(const Tensor& t, int64_t cols) {
-  if (AllWithin(t, kMaxActivationMagnitude)) return Status::Ok();
-  const auto* bytes = reinterpret_cast<const uint8_t*>(t.data().data());
-  const int64_t n = static_cast<int64_t>(t.data().size());
-  const int elem = t.dtype() == gcmoe::v1::FP32 ? 4 : 2;
+Status CheckHiddenValues(DType dtype, const TensorBytes& hidden, int64_t cols) {
+  const uint8_t* bytes = hidden.data;
+  if (AllWithin(dtype, bytes, hidden.size, kMaxActivationMagnitude)) return Status::Ok();
+  const int64_t n = static_cast<int64_t>(hidden.size);
+  const int elem = dtype == gcmoe::v1::FP32 ? 4 : 2;
   for (int64_t i = 0; i < n / elem; ++i) {
     float v;
     if (elem == 4) {
@@ -119,17 +125,17 @@ Status CheckHiddenValues(const Tensor& t, int64_t cols) {
 
 // E4M3 codes with their UE8M0 scales: no NaN code, decoded magnitude within
 // kMaxActivationMagnitude (448 x 2^127 would not even be a finite float).
-Status CheckFp8Hidden(const Tensor& t, const Tensor& scales, int64_t cols) {
-  const auto* q = reinterpret_cast<const uint8_t*>(t.data().data());
-  const auto* s = reinterpret_cast<const uint8_t*>(scales.data().data());
-  const int64_t n = static_cast<int64_t>(t.data().size());
+Status CheckFp8Hidden(const TensorBytes& hidden, const TensorBytes& scales, int64_t cols) {
+  const uint8_t* q = hidden.data;
+  const uint8_t* s = scales.data;
+  const int64_t n = static_cast<int64_t>(hidden.size);
   const int64_t blocks_per_row = cols / 32;
   // Fast path: no NaN code, and no scale so large that even the largest code (448 < 2^9) could
   // pass 2^32, i.e. every scale exponent at most 2^23 (code 150).
   bool any_nan = false;
   for (int64_t i = 0; i < n; ++i) any_nan |= (q[i] & 0x7F) == 0x7F;
   uint8_t max_scale = 0;
-  const int64_t num_scales = static_cast<int64_t>(scales.data().size());
+  const int64_t num_scales = static_cast<int64_t>(scales.size);
   for (int64_t i = 0; i < num_scales; ++i) max_scale = std::max(max_scale, s[i]);
   if (!any_nan && max_scale <= 127 + 23) return Status::Ok();
   for (int64_t i = 0; i < n; ++i) {
@@ -171,8 +177,22 @@ std::vector<int> ShardSizes(int num_tokens, int world_size) {
   return sizes;
 }
 
+ForwardBytes InlineBytes(const gcmoe::v1::ForwardRequest& request) {
+  ForwardBytes bytes;
+  bytes.hidden = BytesOf(request.hidden());
+  bytes.hidden_scales = BytesOf(request.hidden_scales());
+  bytes.topk_ids = BytesOf(request.topk_ids());
+  bytes.topk_weights = BytesOf(request.topk_weights());
+  return bytes;
+}
+
 Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLimits& limits,
                        ValidatedForward* out) {
+  return ValidateForward(request, InlineBytes(request), limits, out);
+}
+
+Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardBytes& bytes,
+                       const ForwardLimits& limits, ValidatedForward* out) {
   const int H = limits.hidden;
   const int k = limits.top_k;
   const int E = limits.experts;
@@ -214,8 +234,11 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLi
                              std::to_string(limits.max_tokens) +
                              " per call (parallel.ranks x engine.max_tokens_per_rank)");
   }
-  GCMOE_RETURN_IF_ERROR(CheckMatrix("hidden", hidden, hidden.dtype(), T, H, "[T, H]", elem));
-  if (hidden.dtype() != gcmoe::v1::FP8_E4M3) GCMOE_RETURN_IF_ERROR(CheckHiddenValues(hidden, H));
+  GCMOE_RETURN_IF_ERROR(
+      CheckMatrix("hidden", hidden, bytes.hidden, hidden.dtype(), T, H, "[T, H]", elem));
+  if (hidden.dtype() != gcmoe::v1::FP8_E4M3) {
+    GCMOE_RETURN_IF_ERROR(CheckHiddenValues(hidden.dtype(), bytes.hidden, H));
+  }
 
   // hidden_scales: [T, H/32] UE8M0, exactly when hidden is FP8.
   const Tensor& scales = request.hidden_scales();
@@ -224,16 +247,16 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLi
       return InvalidArgument(
           "hidden_scales: missing, expected [T, H/32] UE8M0 scales with FP8_E4M3 hidden");
     }
-    GCMOE_RETURN_IF_ERROR(
-        CheckMatrix("hidden_scales", scales, gcmoe::v1::UE8M0, T, H / 32, "[T, H/32]", 1));
-    const auto* codes = reinterpret_cast<const uint8_t*>(scales.data().data());
+    GCMOE_RETURN_IF_ERROR(CheckMatrix("hidden_scales", scales, bytes.hidden_scales,
+                                      gcmoe::v1::UE8M0, T, H / 32, "[T, H/32]", 1));
+    const uint8_t* codes = bytes.hidden_scales.data;
     for (int64_t i = 0; i < T * (H / 32); ++i) {
       if (codes[i] == 255) {
         return InvalidArgument("hidden_scales: element " + Element(i, H / 32) +
                                " is 255 (UE8M0 NaN), expected 0..254");
       }
     }
-    GCMOE_RETURN_IF_ERROR(CheckFp8Hidden(hidden, scales, H));
+    GCMOE_RETURN_IF_ERROR(CheckFp8Hidden(bytes.hidden, bytes.hidden_scales, H));
   } else if (!IsEmpty(scales)) {
     return InvalidArgument(std::string("hidden_scales: given with ") + DTypeName(hidden.dtype()) +
                            " hidden, expected scales only with FP8_E4M3 hidden");
@@ -242,13 +265,14 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLi
   // topk_ids: [T, k] INT32 in [-1, E), no expert twice in one token.
   const Tensor& ids = request.topk_ids();
   if (IsEmpty(ids)) return InvalidArgument("topk_ids: missing, expected a [T, k] INT32 tensor");
-  GCMOE_RETURN_IF_ERROR(CheckMatrix("topk_ids", ids, gcmoe::v1::INT32, T, k, "[T, k]", 4));
+  GCMOE_RETURN_IF_ERROR(
+      CheckMatrix("topk_ids", ids, bytes.topk_ids, gcmoe::v1::INT32, T, k, "[T, k]", 4));
   const Tensor& weights = request.topk_weights();
   if (IsEmpty(weights)) {
     return InvalidArgument("topk_weights: missing, expected a [T, k] FP32 tensor");
   }
-  GCMOE_RETURN_IF_ERROR(
-      CheckMatrix("topk_weights", weights, gcmoe::v1::FP32, T, k, "[T, k]", 4));
+  GCMOE_RETURN_IF_ERROR(CheckMatrix("topk_weights", weights, bytes.topk_weights,
+                                    gcmoe::v1::FP32, T, k, "[T, k]", 4));
 
   switch (request.output_dtype()) {
     case gcmoe::v1::DTYPE_UNSPECIFIED:
@@ -258,13 +282,22 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLi
       return InvalidArgument(std::string("output_dtype: ") + DTypeName(request.output_dtype()) +
                              ", expected BF16 or FP32");
   }
+  if (bytes.output != nullptr) {
+    const int out_elem = out->output_fp32 ? 4 : 2;
+    const int64_t expected = T * H * out_elem;
+    if (static_cast<int64_t>(bytes.output_size) != expected) {
+      return InvalidArgument("output_region.byte_size: " + std::to_string(bytes.output_size) +
+                             " bytes, expected " + std::to_string(expected) + " ([T, H] x " +
+                             std::to_string(out_elem) + " bytes of output_dtype)");
+    }
+  }
 
   const int P = limits.world_size;
   out->num_tokens = static_cast<int>(T);
   out->tokens_per_rank = ShardSizes(out->num_tokens, P);
   out->counts.assign(static_cast<size_t>(P) * E, 0);
-  const auto* id_data = reinterpret_cast<const uint8_t*>(ids.data().data());
-  const auto* w_data = reinterpret_cast<const uint8_t*>(weights.data().data());
+  const uint8_t* id_data = bytes.topk_ids.data;
+  const uint8_t* w_data = bytes.topk_weights.data;
   int src = 0;
   int src_end = out->tokens_per_rank[0];
   for (int64_t t = 0; t < T; ++t) {
@@ -302,16 +335,26 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLi
       ++out->counts[static_cast<size_t>(src) * E + e];
     }
   }
+  out->bytes = bytes;
   return Status::Ok();
 }
 
 Status ValidateForwardOutput(const gcmoe::v1::Tensor& output) {
-  if (AllWithin(output, std::numeric_limits<float>::max())) return Status::Ok();
-  const auto* bytes = reinterpret_cast<const uint8_t*>(output.data().data());
-  const bool fp32 = output.dtype() == gcmoe::v1::FP32;
+  const int64_t elem = output.dtype() == gcmoe::v1::FP32 ? 4 : 2;
+  const int64_t cols = output.shape_size() == 2 && output.shape(1) > 0
+                           ? output.shape(1)
+                           : static_cast<int64_t>(output.data().size()) / elem;
+  return ValidateForwardOutput(output.dtype(),
+                               reinterpret_cast<const uint8_t*>(output.data().data()),
+                               output.data().size(), cols);
+}
+
+Status ValidateForwardOutput(DType dtype, const uint8_t* bytes, size_t size, int64_t cols) {
+  if (AllWithin(dtype, bytes, size, std::numeric_limits<float>::max())) return Status::Ok();
+  const bool fp32 = dtype == gcmoe::v1::FP32;
   const int64_t elem = fp32 ? 4 : 2;
-  const int64_t n = static_cast<int64_t>(output.data().size()) / elem;
-  const int64_t cols = output.shape_size() == 2 && output.shape(1) > 0 ? output.shape(1) : n;
+  const int64_t n = static_cast<int64_t>(size) / elem;
+  if (cols <= 0) cols = n;
   for (int64_t i = 0; i < n; ++i) {
     float v;
     if (fp32) {

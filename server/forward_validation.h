@@ -2,7 +2,9 @@
 // reaches a rank. Every message names the field and the value expected (DESIGN.md §3).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,28 @@ struct ForwardLimits {
   int world_size = 1;
 };
 
+// The bytes of one tensor of a ForwardRequest: its `data`, or a registered region's bytes
+// (server/forward_regions.h). Validation is the same for both; only the field an error about
+// their size names differs.
+struct TensorBytes {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  bool in_region = false;  // size errors name "<field>.region.byte_size", else "<field>.data"
+};
+
+// Where a Forward's inputs are read from and its output written to.
+struct ForwardBytes {
+  TensorBytes hidden;
+  TensorBytes hidden_scales;
+  TensorBytes topk_ids;
+  TensorBytes topk_weights;
+  uint8_t* output = nullptr;  // output_region's bytes; null: the output goes in the response
+  size_t output_size = 0;
+};
+
+// A request's tensors as the message carries them.
+ForwardBytes InlineBytes(const gcmoe::v1::ForwardRequest& request);
+
 struct ValidatedForward {
   int num_tokens = 0;
   engine::DType hidden_dtype = engine::DType::kBF16;
@@ -34,18 +58,30 @@ struct ValidatedForward {
   std::vector<int> tokens_per_rank;  // [P] contiguous shards: the source rank of each token
   std::vector<int64_t> counts;       // [P, E] C[src][expert]
   std::string request_id;            // the call's id (server/request_id.h), sent with its step
+  ForwardBytes bytes;                // what the coordinator copies to the ranks and writes back
+  // What `bytes` points into beyond the request itself (registered regions' mappings, routing
+  // copied out of them), held until the call has finished.
+  std::vector<std::shared_ptr<const void>> keep_alive;
 };
 
 // Splits T tokens into P contiguous shards, the first T % P one token larger.
 std::vector<int> ShardSizes(int num_tokens, int world_size);
 
+// Checks the request's layer, dtypes and shapes, and every value of `bytes` (finite, within the
+// bounds of DESIGN.md §4, expert ids in range and distinct per token), and computes the shards
+// and counts; `bytes` is left in out->bytes. The first form takes the message's own bytes.
 Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLimits& limits,
                        ValidatedForward* out);
+Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardBytes& bytes,
+                       const ForwardLimits& limits, ValidatedForward* out);
 
 // An output is returned only when every element is finite: a layer that overflowed FP32 (weights
 // can be as large as FP32 allows, so the input bounds alone cannot rule it out) fails the call
 // with INVALID_ARGUMENT naming the element, never OK.
 Status ValidateForwardOutput(const gcmoe::v1::Tensor& output);
+// The same for an output of `dtype` (BF16 or FP32) with `cols` values per row at `data`.
+Status ValidateForwardOutput(gcmoe::v1::DType dtype, const uint8_t* data, size_t size,
+                             int64_t cols);
 
 const char* DTypeName(gcmoe::v1::DType dtype);
 

@@ -14,6 +14,7 @@ grpc::StatusCode ToGrpcCode(StatusCode code) {
     case StatusCode::kAborted: return grpc::StatusCode::ABORTED;
     case StatusCode::kDataLoss: return grpc::StatusCode::DATA_LOSS;
     case StatusCode::kUnimplemented: return grpc::StatusCode::UNIMPLEMENTED;
+    case StatusCode::kAlreadyExists: return grpc::StatusCode::ALREADY_EXISTS;
     case StatusCode::kInternal: return grpc::StatusCode::INTERNAL;
   }
   return grpc::StatusCode::UNKNOWN;
@@ -31,6 +32,7 @@ StatusCode FromGrpcCode(grpc::StatusCode code) {
     case grpc::StatusCode::ABORTED: return StatusCode::kAborted;
     case grpc::StatusCode::DATA_LOSS: return StatusCode::kDataLoss;
     case grpc::StatusCode::UNIMPLEMENTED: return StatusCode::kUnimplemented;
+    case grpc::StatusCode::ALREADY_EXISTS: return StatusCode::kAlreadyExists;
     default: return StatusCode::kInternal;
   }
 }

@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "server/forward_regions.h"
 #include "server/grpc_status.h"
 #include "server/request_id.h"
 
@@ -47,6 +48,17 @@ MoeServiceImpl::MoeServiceImpl(const config::Config& config, int64_t max_message
   limits_.layers = config.model.layers;
   limits_.max_tokens = config.max_tokens();
   limits_.world_size = config.parallel.ranks;
+  if (config.server.allow_registered_memory) {
+    registry_ = std::make_unique<MemoryRegistry>();
+    spdlog::info(
+        "registered memory is on (server.allow_registered_memory): clients on this host may have "
+        "the service map their POSIX shared memory, up to {} registrations",
+        MemoryRegistry::kMaxRegistrations);
+  }
+}
+
+std::string MoeServiceImpl::RegistrationOwner(const grpc::ServerContext& context) const {
+  return auth_ == nullptr ? std::string() : BearerToken(context);
 }
 
 grpc::Status MoeServiceImpl::Authenticate(const grpc::ServerContext& context) const {
@@ -90,7 +102,10 @@ Status MoeServiceImpl::RunForward(grpc::ServerContext* context,
   if (status.ok()) {
     validated.request_id = *request_id;
     *request_id_out = validated.request_id;
-    status = ValidateForward(request, limits_, &validated);
+    ForwardBytes bytes;
+    status = ResolveForwardBytes(request, registry_.get(), RegistrationOwner(*context), &bytes,
+                                 &validated.keep_alive);
+    if (status.ok()) status = ValidateForward(request, bytes, limits_, &validated);
   }
   const auto validated_at = Clock::now();
   if (status.ok()) {
@@ -105,7 +120,12 @@ Status MoeServiceImpl::RunForward(grpc::ServerContext* context,
     status = coordinator_->Forward(
         request, validated, deadline, [context] { return context->IsCancelled(); }, response);
     // An overflowed layer is an error, never an OK carrying Inf or NaN (DESIGN.md §4).
-    if (status.ok()) status = ValidateForwardOutput(response->output());
+    if (status.ok()) {
+      status = validated.bytes.output == nullptr
+                   ? ValidateForwardOutput(response->output())
+                   : ValidateForwardOutput(response->output().dtype(), validated.bytes.output,
+                                           validated.bytes.output_size, limits_.hidden);
+    }
   }
   if (!status.ok()) {
     stats_->RecordFailure(StatusCodeName(status.code()));
@@ -187,6 +207,10 @@ grpc::Status MoeServiceImpl::Echo(grpc::ServerContext* context,
                         "Echo is served only with server.echo on (gcmoe bench serve sets it)");
   }
   if (grpc::Status status = Authenticate(*context); !status.ok()) return status;
+  if (NamesRegion(*request)) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "Echo does not read registered memory; send the tensors inline");
+  }
   if (request->hidden().shape_size() != 2 || request->hidden().shape(0) < 0 ||
       request->hidden().shape(0) > config_.max_tokens()) {
     return grpc::Status(
@@ -204,6 +228,52 @@ grpc::Status MoeServiceImpl::Echo(grpc::ServerContext* context,
                                  (fp32 ? 4 : 2));
   response->set_request_id(request->request_id());
   return grpc::Status::OK;
+}
+
+grpc::Status MoeServiceImpl::RegisterMemory(grpc::ServerContext* context,
+                                            const gcmoe::v1::RegisterMemoryRequest* request,
+                                            gcmoe::v1::RegisterMemoryResponse* response) {
+  const auto start = std::chrono::steady_clock::now();
+  grpc::Status status = Authenticate(*context);
+  if (status.ok()) {
+    Status result;
+    if (registry_ == nullptr) {
+      result = RegisteredMemoryOff();
+    } else if (request->has_cuda_ipc()) {
+      result = Unimplemented(
+          "cuda_ipc: CUDA IPC registrations are not served; only posix_shm is");
+    } else if (!request->has_posix_shm()) {
+      result = InvalidArgument("posix_shm: missing, expected the shared-memory object to register");
+    } else {
+      const gcmoe::v1::PosixShmMemory& shm = request->posix_shm();
+      result = registry_->RegisterPosixShm(RegistrationOwner(*context), request->name(), shm.key(),
+                                           shm.offset(), shm.byte_size());
+      if (result.ok()) {
+        response->set_byte_size(shm.byte_size());
+        spdlog::info("registered memory \"{}\": {} bytes of {} at offset {} ({} registration(s))",
+                     request->name(), shm.byte_size(), shm.key(), shm.offset(),
+                     registry_->size());
+      }
+    }
+    status = ToGrpcStatus(result);
+  }
+  metrics_->RecordCall("RegisterMemory", GrpcCodeName(status), SecondsSince(start));
+  return status;
+}
+
+grpc::Status MoeServiceImpl::UnregisterMemory(grpc::ServerContext* context,
+                                              const gcmoe::v1::UnregisterMemoryRequest* request,
+                                              gcmoe::v1::UnregisterMemoryResponse*) {
+  const auto start = std::chrono::steady_clock::now();
+  grpc::Status status = Authenticate(*context);
+  if (status.ok()) {
+    status = ToGrpcStatus(registry_ == nullptr
+                              ? RegisteredMemoryOff()
+                              : registry_->Unregister(RegistrationOwner(*context), request->name()));
+    if (status.ok()) spdlog::info("unregistered memory \"{}\"", request->name());
+  }
+  metrics_->RecordCall("UnregisterMemory", GrpcCodeName(status), SecondsSince(start));
+  return status;
 }
 
 grpc::Status MoeServiceImpl::GetModelInfo(grpc::ServerContext* context,

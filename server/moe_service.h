@@ -2,6 +2,7 @@
 // authenticated here (when tokens are configured) and counted in the metrics as it ends.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -12,6 +13,7 @@
 #include "server/coordinator.h"
 #include "server/failure_log.h"
 #include "server/forward_validation.h"
+#include "server/memory_registry.h"
 #include "server/metrics.h"
 #include "server/service_stats.h"
 
@@ -37,10 +39,19 @@ class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
                                                       gcmoe::v1::ForwardRequest>* stream) override;
   grpc::Status Echo(grpc::ServerContext* context, const gcmoe::v1::ForwardRequest* request,
                     gcmoe::v1::ForwardResponse* response) override;
+  grpc::Status RegisterMemory(grpc::ServerContext* context,
+                              const gcmoe::v1::RegisterMemoryRequest* request,
+                              gcmoe::v1::RegisterMemoryResponse* response) override;
+  grpc::Status UnregisterMemory(grpc::ServerContext* context,
+                                const gcmoe::v1::UnregisterMemoryRequest* request,
+                                gcmoe::v1::UnregisterMemoryResponse* response) override;
 
   // OK without server.auth.tokens_file; else the token check, a refusal logged with the peer.
   // Public for the other services of the port (KServe) that the tokens also guard.
   grpc::Status Authenticate(const grpc::ServerContext& context) const;
+
+  // Registrations made with a bearer token belong to it; without tokens there is one owner.
+  std::string RegistrationOwner(const grpc::ServerContext& context) const;
 
  private:
   // One Forward, for the unary call and for each message of a stream: request id, validation,
@@ -59,6 +70,8 @@ class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
   Metrics* metrics_;
   const TokenAuthenticator* auth_;
   FailureLog* failure_log_;
+  // Null unless server.allow_registered_memory: then every use of a region is refused.
+  std::unique_ptr<MemoryRegistry> registry_;
 };
 
 }  // namespace gcmoe::server

@@ -27,6 +27,7 @@
 #include "client/tensors.h"
 #include "common/flags.h"
 #include "gcmoe/v1/moe.grpc.pb.h"
+#include "tools/bench_registered_buffers.h"
 #include "tools/bench_util.h"
 
 namespace gcmoe::tools {
@@ -39,7 +40,9 @@ constexpr const char* kSummary =
     "server.echo on (or uses the service at --addr, which must run with server.echo on for the\n"
     "transport floor), and for each token count per rank T and number of concurrent callers C:\n"
     "  echo      Echo calls with the same request and response bytes as Forward: the gRPC floor\n"
-    "  forward   Forward calls (unary; `stream` rows: one ForwardStream per caller)\n"
+    "  forward   Forward calls (unary; `stream` rows: one ForwardStream per caller;\n"
+    "            `registered` rows: unary calls whose tensors and output are in registered\n"
+    "            shared memory, server.allow_registered_memory, set when it starts the service)\n"
     "  engine    the slowest rank's engine time inside the service (ForwardStats.engine_ns)\n"
     "  overhead  (forward p50 - echo p50 - engine p50) / (echo p50 + engine p50)\n"
     "and the p50 of every stage of ForwardStats: validation, queueing, coordinator to rank, the\n"
@@ -133,6 +136,9 @@ class ServeChild {
                                      "--set",          "server.echo=true",
                                      "--set",          "server.listen=127.0.0.1:0",
                                      "--set",          "server.metrics_listen=127.0.0.1:0"};
+    if (o.modes.find("registered") != std::string::npos) {
+      args.insert(args.end(), {"--set", "server.allow_registered_memory=true"});
+    }
     if (!o.config.empty()) args.insert(args.end(), {"--config", o.config});
     for (const std::string& s : o.overrides) args.insert(args.end(), {"--set", s});
     pid_ = fork();
@@ -235,7 +241,9 @@ int RunBenchServe(int argc, char** argv) {
   flags.String("addr", &o.addr, "measure the service at this address instead of starting one");
   flags.String("tokens-per-rank", &o.tokens, "token counts per rank, e.g. 1,4,16,64,256");
   flags.String("concurrency", &o.concurrency, "numbers of concurrent callers, e.g. 1,8,32");
-  flags.String("modes", &o.modes, "unary, stream or unary,stream (ForwardStream per caller)");
+  flags.String("modes", &o.modes,
+               "unary, stream (ForwardStream per caller), registered (tensors in registered "
+               "shared memory), or a comma-separated list");
   flags.String("dtype", &o.dtype, "hidden dtype: bf16, fp32 or fp8");
   flags.Int("requests", &o.requests, "calls measured per row (after the warm-up)");
   flags.Int("warmup", &o.warmup, "calls before measuring each row");
@@ -249,8 +257,10 @@ int RunBenchServe(int argc, char** argv) {
   }
   const bool unary = o.modes.find("unary") != std::string::npos;
   const bool stream = o.modes.find("stream") != std::string::npos;
+  const bool registered = o.modes.find("registered") != std::string::npos;
   v1::DType dtype;
-  if (!client::ParseDTypeName(o.dtype, &dtype) || (!unary && !stream) || o.requests < 1 ||
+  if (!client::ParseDTypeName(o.dtype, &dtype) || (!unary && !stream && !registered) ||
+      o.requests < 1 ||
       o.warmup < 0) {
     std::fprintf(stderr, "gcmoe bench serve: bad --dtype, --modes, --requests or --warmup\n");
     return 2;
@@ -289,7 +299,7 @@ int RunBenchServe(int argc, char** argv) {
   std::printf(
       "# overhead = (forward p50 - echo p50 - engine p50) / (echo p50 + engine p50); "
       "stage columns: p50 us\n");
-  std::printf("%5s %6s %4s %6s %9s %9s %9s %9s %8s %10s %5s", "T/rk", "T", "C", "mode", "echo50",
+  std::printf("%5s %6s %4s %10s %9s %9s %9s %9s %8s %10s %5s", "T/rk", "T", "C", "mode", "echo50",
               "fwd50", "fwd99", "engine50", "ovh%", "tok/s", "batch");
   for (const auto& [name, field] : Stages()) std::printf(" %9s", name.c_str());
   std::printf("\n");
@@ -343,8 +353,24 @@ int RunBenchServe(int argc, char** argv) {
                      echo_run.first_error.c_str());
       }
 
-      for (const std::string mode : {"unary", "stream"}) {
-        if ((mode == "unary" && !unary) || (mode == "stream" && !stream)) continue;
+      for (const std::string mode : {"unary", "stream", "registered"}) {
+        if ((mode == "unary" && !unary) || (mode == "stream" && !stream) ||
+            (mode == "registered" && !registered)) {
+          continue;
+        }
+        // Each caller's requests with their tensors and output in registered memory.
+        std::unique_ptr<RegisteredBuffers> buffers;
+        if (mode == "registered") {
+          Result<std::unique_ptr<RegisteredBuffers>> made = RegisteredBuffers::Create(
+              stub.get(), requests, c, static_cast<int64_t>(T) * info.hidden() * 2, o.timeout_ms);
+          if (!made.ok()) {
+            std::fprintf(stderr, "gcmoe bench serve: T %d C %d registered: %s\n", T, c,
+                         made.status().message().c_str());
+            ++failed_rows;
+            continue;
+          }
+          buffers = std::move(*made);
+        }
         // Each worker's stream, opened before timing.
         struct Streamer {
           grpc::ClientContext context;
@@ -361,7 +387,9 @@ int RunBenchServe(int argc, char** argv) {
         }
         std::atomic<int> call_index{0};
         auto forward = [&](int w, Sample* sample, std::string* error) {
-          const v1::ForwardRequest& request = requests[(w + call_index++) % requests.size()];
+          const int index = static_cast<int>((w + call_index++) % requests.size());
+          const v1::ForwardRequest& request =
+              buffers ? buffers->request(w, index) : requests[index];
           if (mode == "stream") {
             v1::ForwardStreamResponse reply;
             if (!streams[w]->stream->Write(request) || !streams[w]->stream->Read(&reply)) {
@@ -432,7 +460,7 @@ int RunBenchServe(int argc, char** argv) {
           std::fprintf(stderr, "gcmoe bench serve: T %d C %d %s: %d call(s) failed, first: %s\n", T,
                        c, mode.c_str(), run.errors, run.first_error.c_str());
         }
-        std::printf("%5d %6d %4d %6s %9.1f %9.1f %9.1f %9.1f %8.1f %10.0f %5.1f", per_rank, T, c,
+        std::printf("%5d %6d %4d %10s %9.1f %9.1f %9.1f %9.1f %8.1f %10.0f %5.1f", per_rank, T, c,
                     mode.c_str(), row.echo_p50, row.forward_p50, row.forward_p99, row.engine_p50,
                     row.overhead_pct, row.tokens_per_s, row.batched_mean);
         for (const auto& [name, field] : Stages()) std::printf(" %9.1f", row.stages[name]);

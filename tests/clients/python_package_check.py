@@ -6,6 +6,7 @@
                                         C --tls-key K]
     python python_package_check.py stream --addr HOST:PORT [--tokens T] [--layer L]
     python python_package_check.py fp8 --input X.npy --out DIR
+    python python_package_check.py readme-registered-memory --addr HOST:PORT --readme README.md
 
 forward: calls the service through gcmoe.Client and gcmoe.aio.Client with FP32, BF16 and FP8
 activations (FP32 outputs), checks what needs no reference here (version, BF16 outputs, typed
@@ -21,7 +22,11 @@ token, with a wrong one, over plaintext, with a wrong server name or without the
 certificate fail with their typed errors and the server's message; the CA as bytes and a server
 name override connect. fp8: encodes X [N, 32m] with
 gcmoe.numerics.quantize_fp8 and saves the E4M3 codes and UE8M0 scales (as int32) for the C++ test
-to compare with the server's quantizer.
+to compare with the server's quantizer. readme-registered-memory: runs the Python example of
+README.md's "Registered memory" section (which asserts its own results) with ADDR set, then
+checks that the shared-memory object it made is gone, that the asyncio client and a ForwardStream
+give the same bytes through a region with a BF16 output, and that the client refuses an output
+array of the wrong dtype.
 """
 import argparse
 import asyncio
@@ -313,7 +318,7 @@ def check_typing_files():
     """The package ships its .pyi files (hand-written and protoc's) and the py.typed marker."""
     root = os.path.dirname(gcmoe.__file__)
     for name in ("__init__.pyi", "client.pyi", "aio.pyi", "stream.pyi", "numerics.pyi",
-                 "channel.pyi", "errors.pyi", "tensors.pyi", "py.typed",
+                 "channel.pyi", "errors.pyi", "tensors.pyi", "shm.pyi", "py.typed",
                  os.path.join("v1", "moe_pb2.pyi")):
         if not os.path.isfile(os.path.join(root, name)):
             fail(f"the installed package has no {name}")
@@ -461,6 +466,54 @@ def add_connection_options(parser):
     parser.add_argument("--token-file", help="the bearer token")
 
 
+def readme_registered_memory(args):
+    """Runs the README's registered-memory example as written."""
+    with open(args.readme) as f:
+        text = f.read()
+    section = text[text.index("### Registered memory"):]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start:section.index("```", start)]
+    before = set(os.listdir("/dev/shm"))
+    exec(compile(code, "README.md (Registered memory)", "exec"), {"ADDR": args.addr})
+    left = [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("gcmoe_py-")]
+    if left:
+        fail(f"the example left shared-memory objects behind: {left}")
+    with gcmoe.Client(args.addr, timeout=30.0) as client:
+        info = client.info()
+        hidden, ids, weights = random_inputs(info, 5, 23)
+        expected = client.forward(hidden, ids, weights, output_dtype="bf16")
+        with gcmoe.SharedMemoryRegion(1 << 20, name="aio-check") as shm:
+            views = [shm.array(a.shape, a.dtype) for a in (hidden, ids.astype(np.int32), weights)]
+            for view, a in zip(views, (hidden, ids, weights)):
+                view.array[:] = a
+            out = shm.array((5, info.hidden), np.uint16)
+
+            async def run():
+                async with gcmoe.aio.Client(args.addr, timeout=30.0) as aio_client:
+                    await aio_client.register_memory(shm)
+                    y = await aio_client.forward(*views, output_dtype="bf16", out=out)
+                    same_bytes("aio region", np.asarray(y).view(np.uint16),
+                               np.asarray(expected).view(np.uint16))
+            asyncio.run(run())
+            out.array[:] = 0
+            with client.forward_stream() as stream:
+                y = stream.forward(*views, output_dtype="bf16", out=out)
+            same_bytes("stream region", y, np.asarray(expected).view(np.uint16))
+            client.unregister_memory("aio-check")
+    with gcmoe.SharedMemoryRegion(4096) as shm:
+        try:
+            gcmoe.tensors.forward_request(shm.array((1, 8), np.float32),
+                                          shm.array((1, 2), np.int32),
+                                          shm.array((1, 2), np.float32),
+                                          output_dtype="bf16", out=shm.array((1, 8), np.float32))
+        except ValueError as error:
+            if "out:" not in str(error):
+                fail(f"a float32 out= for BF16 output: {error}")
+        else:
+            fail("a float32 out= for BF16 output was accepted")
+    print("python_package_check: the README's registered-memory example ran")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -483,8 +536,12 @@ def main():
     q = sub.add_parser("fp8")
     q.add_argument("--input", required=True)
     q.add_argument("--out", required=True)
+    r = sub.add_parser("readme-registered-memory")
+    r.add_argument("--addr", required=True)
+    r.add_argument("--readme", required=True)
     args = parser.parse_args()
-    {"forward": forward, "auth": auth, "stream": stream, "fp8": fp8}[args.mode](args)
+    {"forward": forward, "auth": auth, "stream": stream, "fp8": fp8,
+     "readme-registered-memory": readme_registered_memory}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -260,5 +260,17 @@ TEST_F(PythonPackageTest, Fp8EncoderMatchesTheServersQuantizerBitForBit) {
   }
 }
 
+// The README's registered-memory example, run as written by the installed package against a
+// service with server.allow_registered_memory on: region inputs and an output region give the
+// bytes of the same call inline, and the example leaves no shared-memory object behind.
+TEST_F(PythonPackageTest, ReadmeRegisteredMemoryExampleRuns) {
+  auto service = StartServe({"--set", "server.allow_registered_memory=true"},
+                            "python_package_regmem", milliseconds(60000));
+  ASSERT_TRUE(service.has_value());
+  EXPECT_EQ(Driver("readme-registered-memory --addr " + service->address +
+                   " --readme " GCMOE_README),
+            0);
+}
+
 }  // namespace
 }  // namespace gcmoe::server::testing

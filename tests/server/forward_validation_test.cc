@@ -45,6 +45,47 @@ TEST(ForwardValidationTest, EveryCataloguedBadRequestIsRefusedNamingTheField) {
   }
 }
 
+// Bytes from a registered region go through the same checks: every catalogued request whose
+// tensors are moved out of the message into separate buffers (as a region's would be) gets the
+// same code and message, but for the size field, which names the region's byte_size.
+TEST(ForwardValidationTest, RegionBytesAreValidatedLikeInlineBytes) {
+  const engine::ModelSpec spec = DefaultModel();
+  for (const BadRequest& bad : BadRequestCatalogue(spec, 2048)) {
+    gcmoe::v1::ForwardRequest request = BaseBadRequest(spec);
+    bad.mutate(&request);
+    ValidatedForward inline_out;
+    const Status inline_status = ValidateForward(request, Limits(spec, 2), &inline_out);
+    // The same bytes, held elsewhere and marked as a region's.
+    std::vector<std::string> held;
+    held.reserve(4);  // the spans point into these strings
+    ForwardBytes bytes;
+    for (auto [tensor, span] : {std::pair{request.mutable_hidden(), &bytes.hidden},
+                                {request.mutable_hidden_scales(), &bytes.hidden_scales},
+                                {request.mutable_topk_ids(), &bytes.topk_ids},
+                                {request.mutable_topk_weights(), &bytes.topk_weights}}) {
+      held.push_back(tensor->data());
+      *span = TensorBytes{reinterpret_cast<const uint8_t*>(held.back().data()),
+                          held.back().size(), true};
+      tensor->clear_data();
+      if (tensor->dtype() != gcmoe::v1::DTYPE_UNSPECIFIED || tensor->shape_size() > 0 ||
+          !held.back().empty()) {
+        tensor->mutable_region()->set_region("r");
+      }
+    }
+    ValidatedForward region_out;
+    const Status region_status = ValidateForward(request, bytes, Limits(spec, 2), &region_out);
+    EXPECT_EQ(region_status.code(), inline_status.code()) << bad.name;
+    std::string expected = inline_status.message();
+    for (const char* field : {"hidden", "hidden_scales", "topk_ids", "topk_weights"}) {
+      const std::string inline_field = std::string(field) + ".data: ";
+      if (expected.rfind(inline_field, 0) == 0) {
+        expected = std::string(field) + ".region.byte_size: " + expected.substr(inline_field.size());
+      }
+    }
+    EXPECT_EQ(region_status.message(), expected) << bad.name;
+  }
+}
+
 TEST(ForwardValidationTest, ValidRequestGivesShardsAndCountMatrix) {
   const engine::ModelSpec spec = DefaultModel();
   RequestSpec r;

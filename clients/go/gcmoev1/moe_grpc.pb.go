@@ -31,6 +31,13 @@ type MoeServiceClient interface {
 	// size Forward would return, without running anything. UNIMPLEMENTED unless the service runs
 	// with server.echo on.
 	Echo(ctx context.Context, in *ForwardRequest, opts ...grpc.CallOption) (*ForwardResponse, error)
+	// Memory a co-located frontend registers once and then names in Forward calls instead of
+	// carrying tensor bytes (TensorRegion, ForwardRequest.output_region). Served only with
+	// server.allow_registered_memory on (else FAILED_PRECONDITION naming it). A registration
+	// belongs to the bearer token that made it (one namespace when tokens are off).
+	RegisterMemory(ctx context.Context, in *RegisterMemoryRequest, opts ...grpc.CallOption) (*RegisterMemoryResponse, error)
+	// Drops a registration; calls already using it finish from the still-mapped memory.
+	UnregisterMemory(ctx context.Context, in *UnregisterMemoryRequest, opts ...grpc.CallOption) (*UnregisterMemoryResponse, error)
 }
 
 type moeServiceClient struct {
@@ -108,6 +115,24 @@ func (c *moeServiceClient) Echo(ctx context.Context, in *ForwardRequest, opts ..
 	return out, nil
 }
 
+func (c *moeServiceClient) RegisterMemory(ctx context.Context, in *RegisterMemoryRequest, opts ...grpc.CallOption) (*RegisterMemoryResponse, error) {
+	out := new(RegisterMemoryResponse)
+	err := c.cc.Invoke(ctx, "/gcmoe.v1.MoeService/RegisterMemory", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *moeServiceClient) UnregisterMemory(ctx context.Context, in *UnregisterMemoryRequest, opts ...grpc.CallOption) (*UnregisterMemoryResponse, error) {
+	out := new(UnregisterMemoryResponse)
+	err := c.cc.Invoke(ctx, "/gcmoe.v1.MoeService/UnregisterMemory", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MoeServiceServer is the server API for MoeService service.
 // All implementations must embed UnimplementedMoeServiceServer
 // for forward compatibility
@@ -126,6 +151,13 @@ type MoeServiceServer interface {
 	// size Forward would return, without running anything. UNIMPLEMENTED unless the service runs
 	// with server.echo on.
 	Echo(context.Context, *ForwardRequest) (*ForwardResponse, error)
+	// Memory a co-located frontend registers once and then names in Forward calls instead of
+	// carrying tensor bytes (TensorRegion, ForwardRequest.output_region). Served only with
+	// server.allow_registered_memory on (else FAILED_PRECONDITION naming it). A registration
+	// belongs to the bearer token that made it (one namespace when tokens are off).
+	RegisterMemory(context.Context, *RegisterMemoryRequest) (*RegisterMemoryResponse, error)
+	// Drops a registration; calls already using it finish from the still-mapped memory.
+	UnregisterMemory(context.Context, *UnregisterMemoryRequest) (*UnregisterMemoryResponse, error)
 	mustEmbedUnimplementedMoeServiceServer()
 }
 
@@ -147,6 +179,12 @@ func (UnimplementedMoeServiceServer) ForwardStream(MoeService_ForwardStreamServe
 }
 func (UnimplementedMoeServiceServer) Echo(context.Context, *ForwardRequest) (*ForwardResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Echo not implemented")
+}
+func (UnimplementedMoeServiceServer) RegisterMemory(context.Context, *RegisterMemoryRequest) (*RegisterMemoryResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RegisterMemory not implemented")
+}
+func (UnimplementedMoeServiceServer) UnregisterMemory(context.Context, *UnregisterMemoryRequest) (*UnregisterMemoryResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method UnregisterMemory not implemented")
 }
 func (UnimplementedMoeServiceServer) mustEmbedUnimplementedMoeServiceServer() {}
 
@@ -259,6 +297,42 @@ func _MoeService_Echo_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MoeService_RegisterMemory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegisterMemoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MoeServiceServer).RegisterMemory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/gcmoe.v1.MoeService/RegisterMemory",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MoeServiceServer).RegisterMemory(ctx, req.(*RegisterMemoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MoeService_UnregisterMemory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UnregisterMemoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MoeServiceServer).UnregisterMemory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/gcmoe.v1.MoeService/UnregisterMemory",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MoeServiceServer).UnregisterMemory(ctx, req.(*UnregisterMemoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _MoeService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "gcmoe.v1.MoeService",
 	HandlerType: (*MoeServiceServer)(nil),
@@ -278,6 +352,14 @@ var _MoeService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Echo",
 			Handler:    _MoeService_Echo_Handler,
+		},
+		{
+			MethodName: "RegisterMemory",
+			Handler:    _MoeService_RegisterMemory_Handler,
+		},
+		{
+			MethodName: "UnregisterMemory",
+			Handler:    _MoeService_UnregisterMemory_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

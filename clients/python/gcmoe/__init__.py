@@ -16,11 +16,13 @@ from gcmoe.channel import TLS
 from gcmoe.client import Client
 from gcmoe.errors import (DeadlineExceededError, GcmoeError, InvalidArgumentError, NotFoundError,
                           ResourceExhaustedError, UnauthenticatedError, UnavailableError)
+from gcmoe.shm import RegionArray, SharedMemoryRegion
 from gcmoe.stream import ForwardStream
 from gcmoe.tensors import Fp8Hidden
 
 __all__ = [
     "__version__", "aio", "numerics", "Client", "ForwardStream", "Fp8Hidden", "TLS", "GcmoeError",
+    "SharedMemoryRegion", "RegionArray",
     "InvalidArgumentError", "NotFoundError", "ResourceExhaustedError", "UnavailableError",
     "DeadlineExceededError", "UnauthenticatedError",
 ]

@@ -9,6 +9,8 @@ from gcmoe.errors import NotFoundError as NotFoundError
 from gcmoe.errors import ResourceExhaustedError as ResourceExhaustedError
 from gcmoe.errors import UnauthenticatedError as UnauthenticatedError
 from gcmoe.errors import UnavailableError as UnavailableError
+from gcmoe.shm import RegionArray as RegionArray
+from gcmoe.shm import SharedMemoryRegion as SharedMemoryRegion
 from gcmoe.stream import ForwardStream as ForwardStream
 from gcmoe.tensors import Fp8Hidden as Fp8Hidden
 

@@ -11,6 +11,7 @@ import grpc
 import grpc.aio
 
 from gcmoe import channel as _channel
+from gcmoe import shm as _shm
 from gcmoe import tensors
 from gcmoe.errors import GcmoeError, from_rpc_error
 from gcmoe.stream import RPC as _STREAM_RPC
@@ -48,16 +49,29 @@ class Client:
 
     async def forward_response(self, hidden, topk_ids, topk_weights, layer=0,
                                output_dtype="bf16", hidden_dtype=None, request_id="",
-                               timeout=None):
+                               timeout=None, out=None):
         request = tensors.forward_request(hidden, topk_ids, topk_weights, layer, output_dtype,
-                                          hidden_dtype, request_id)
+                                          hidden_dtype, request_id, out)
         return await self._call("Forward", request, timeout)
 
     async def forward(self, hidden, topk_ids, topk_weights, layer=0, output_dtype="bf16",
-                      hidden_dtype=None, request_id="", timeout=None):
+                      hidden_dtype=None, request_id="", timeout=None, out=None):
         response = await self.forward_response(hidden, topk_ids, topk_weights, layer,
-                                               output_dtype, hidden_dtype, request_id, timeout)
+                                               output_dtype, hidden_dtype, request_id, timeout,
+                                               out)
+        if out is not None:
+            return out.array
         return tensors.decode_output(response.output)
+
+    async def register_memory(self, region, name=None, timeout=None):
+        """See gcmoe.Client.register_memory."""
+        return await self._call("RegisterMemory", _shm.register_request(region, name), timeout)
+
+    async def unregister_memory(self, region, timeout=None):
+        """See gcmoe.Client.unregister_memory."""
+        name = region if isinstance(region, str) else region.name
+        return await self._call("UnregisterMemory", moe_pb2.UnregisterMemoryRequest(name=name),
+                                timeout)
 
     def forward_stream(self, timeout=None):
         """Opens a ForwardStream (see gcmoe.aio.ForwardStream and gcmoe.Client.forward_stream)."""

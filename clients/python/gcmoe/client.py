@@ -2,6 +2,7 @@
 import grpc
 
 from gcmoe import channel as _channel
+from gcmoe import shm as _shm
 from gcmoe import tensors
 from gcmoe.stream import ForwardStream
 from gcmoe.errors import from_rpc_error
@@ -52,23 +53,39 @@ class Client:
         return self._call("GetStats", moe_pb2.GetStatsRequest(), timeout)
 
     def forward_response(self, hidden, topk_ids, topk_weights, layer=0, output_dtype="bf16",
-                         hidden_dtype=None, request_id="", timeout=None):
+                         hidden_dtype=None, request_id="", timeout=None, out=None):
         """Forward, returning the whole gcmoe.v1.ForwardResponse (output tensor and stats)."""
         request = tensors.forward_request(hidden, topk_ids, topk_weights, layer, output_dtype,
-                                          hidden_dtype, request_id)
+                                          hidden_dtype, request_id, out)
         return self._call("Forward", request, timeout)
 
+    def register_memory(self, region, name=None, timeout=None):
+        """Registers a gcmoe.SharedMemoryRegion (all of it) under `name` (default region.name),
+        so that its RegionArrays can be passed to forward(). The service must run with
+        server.allow_registered_memory on, on this host."""
+        return self._call("RegisterMemory", _shm.register_request(region, name), timeout)
+
+    def unregister_memory(self, region, timeout=None):
+        """Drops a registration (a SharedMemoryRegion or its name); calls already using it
+        finish."""
+        name = region if isinstance(region, str) else region.name
+        return self._call("UnregisterMemory", moe_pb2.UnregisterMemoryRequest(name=name), timeout)
+
     def forward(self, hidden, topk_ids, topk_weights, layer=0, output_dtype="bf16",
-                hidden_dtype=None, request_id="", timeout=None):
+                hidden_dtype=None, request_id="", timeout=None, out=None):
         """One MoE layer over T tokens; returns the [T, H] output as a NumPy array.
 
         hidden: [T, H] float32 (sent as FP32, or encoded as hidden_dtype "bf16" / "fp8"),
         uint16 BF16 bit patterns or ml_dtypes.bfloat16, or a gcmoe.Fp8Hidden.
         topk_ids: [T, k] integers in [0, E), -1 for an unused slot. topk_weights: [T, k].
         output_dtype "fp32" gives float32; "bf16" gives bfloat16 (ml_dtypes) or uint16 bits.
+        Inputs may be gcmoe.RegionArray (registered memory); with out= (a RegionArray) the
+        output is written there and its NumPy view returned.
         """
         response = self.forward_response(hidden, topk_ids, topk_weights, layer, output_dtype,
-                                         hidden_dtype, request_id, timeout)
+                                         hidden_dtype, request_id, timeout, out)
+        if out is not None:
+            return out.array
         return tensors.decode_output(response.output)
 
     def forward_stream(self, timeout=None):

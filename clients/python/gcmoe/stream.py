@@ -21,7 +21,9 @@ RPC = "ForwardStream"
 
 def reply_result(reply, request_id):
     """The ForwardResponse of a ForwardStreamResponse, or the typed error of its status."""
-    if reply.request_id != request_id:
+    # A request sent without an id gets one the server generates, so only a request that named
+    # its id can be matched by it.
+    if request_id and reply.request_id != request_id:
         # Only a server that breaks the in-order contract gets here; no later reply can be
         # trusted to belong to its request either.
         raise GcmoeError(grpc.StatusCode.INTERNAL,
@@ -149,10 +151,12 @@ class ForwardStream:
         return future.result()
 
     def send(self, hidden, topk_ids, topk_weights, layer=0, output_dtype="bf16",
-             hidden_dtype=None, request_id=""):
-        """Sends one request without waiting; receive() returns its output, in send order."""
+             hidden_dtype=None, request_id="", out=None):
+        """Sends one request without waiting; receive() returns its output, in send order (with
+        out=, a gcmoe.RegionArray, the output is written there and wait for it with
+        receive_response(), not receive())."""
         request = tensors.forward_request(hidden, topk_ids, topk_weights, layer, output_dtype,
-                                          hidden_dtype, request_id)
+                                          hidden_dtype, request_id, out)
         self._put(request, for_receive=True)
 
     def receive_response(self):
@@ -164,17 +168,19 @@ class ForwardStream:
         return tensors.decode_output(self.receive_response().output)
 
     def forward_response(self, hidden, topk_ids, topk_weights, layer=0, output_dtype="bf16",
-                         hidden_dtype=None, request_id=""):
+                         hidden_dtype=None, request_id="", out=None):
         """Sends one request and waits for its reply: the whole gcmoe.v1.ForwardResponse."""
         request = tensors.forward_request(hidden, topk_ids, topk_weights, layer, output_dtype,
-                                          hidden_dtype, request_id)
+                                          hidden_dtype, request_id, out)
         return self._wait(self._put(request, for_receive=False))
 
     def forward(self, hidden, topk_ids, topk_weights, layer=0, output_dtype="bf16",
-                hidden_dtype=None, request_id=""):
+                hidden_dtype=None, request_id="", out=None):
         """One MoE layer on the stream; returns the [T, H] output (see Client.forward)."""
         response = self.forward_response(hidden, topk_ids, topk_weights, layer, output_dtype,
-                                         hidden_dtype, request_id)
+                                         hidden_dtype, request_id, out)
+        if out is not None:
+            return out.array
         return tensors.decode_output(response.output)
 
     @property

@@ -1,0 +1,101 @@
+// Registered memory (MoeService.RegisterMemory): POSIX shared-memory objects a co-located
+// frontend creates, registers once under a name of its choosing, and then names in Forward calls
+// (TensorRegion) instead of sending tensor bytes through gRPC. The coordinator maps each
+// registration (PROT_READ | PROT_WRITE, MAP_SHARED), reads a call's inputs from it straight into
+// the ranks' shard slots and writes its output there.
+//
+// Trust: the mapped bytes are the client's and may change at any time. Everything the service
+// reads from a region is validated exactly as inline bytes are (server/forward_validation.h),
+// and the routing, which indexes arrays on the ranks, is copied out before it is validated so
+// that a later write cannot bypass the check (server/forward_regions.h).
+//
+// Ownership: a registration belongs to the caller identity that made it (the bearer token with
+// server.auth.tokens_file; one shared namespace without tokens). Another identity neither sees
+// nor unregisters it: to it the name is NOT_FOUND, so the answer does not tell that it exists.
+//
+// Lifetime: a mapping is reference-counted. Unregister removes the name at once, and the memory
+// stays mapped until the last call that resolved it has finished, so a call in flight completes
+// from it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "common/status.h"
+
+namespace gcmoe::server {
+
+// One registration's mapping of [offset, offset + byte_size) of a shared-memory object.
+class MappedRegion {
+ public:
+  // NOT_FOUND when `key` names no object; INVALID_ARGUMENT (naming `field`) for a malformed key,
+  // a key starting with "/gcmoe-" (the service's own objects), an object that is not a regular
+  // shared-memory object, or one smaller than offset + byte_size.
+  static Result<std::shared_ptr<MappedRegion>> Map(const std::string& field, const std::string& key,
+                                                   uint64_t offset, uint64_t byte_size);
+  ~MappedRegion();
+
+  MappedRegion(const MappedRegion&) = delete;
+  MappedRegion& operator=(const MappedRegion&) = delete;
+
+  const std::string& key() const { return key_; }
+  uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  // OK while the object still holds every registered byte: a client that shrinks it after
+  // registering is refused (naming `field`) instead of reading past its end, which would fault.
+  Status CheckStillBacked(const std::string& field) const;
+
+ private:
+  MappedRegion() = default;
+
+  std::string key_;
+  int fd_ = -1;
+  void* map_base_ = nullptr;  // page-aligned start of the mapping
+  size_t map_bytes_ = 0;
+  uint8_t* data_ = nullptr;   // map_base_ + (offset - its page-aligned floor)
+  uint64_t size_ = 0;
+  uint64_t end_ = 0;  // offset + byte_size within the object
+};
+
+// A resolved TensorRegion: its bytes and the mapping they stay valid with.
+struct RegionBytes {
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<const MappedRegion> mapping;
+};
+
+class MemoryRegistry {
+ public:
+  // Fixed bounds, not config keys: a registration costs only address space and a file
+  // descriptor, and these leave room for a frontend's per-layer buffers many times over.
+  static constexpr size_t kMaxRegistrations = 256;                  // all owners together
+  static constexpr uint64_t kMaxRegisteredBytes = uint64_t{1} << 40;  // 1 TiB mapped in all
+  static constexpr size_t kMaxNameBytes = 128;
+
+  // ALREADY_EXISTS when `owner` already has `name`; RESOURCE_EXHAUSTED past the bounds; else as
+  // MappedRegion::Map. Field names in errors are RegisterMemoryRequest's.
+  Status RegisterPosixShm(const std::string& owner, const std::string& name,
+                          const std::string& key, uint64_t offset, uint64_t byte_size);
+  // NOT_FOUND when `owner` has no registration `name`.
+  Status Unregister(const std::string& owner, const std::string& name);
+  // Bytes [offset, offset + byte_size) of `owner`'s registration `name`; errors name `field`
+  // (e.g. "hidden.region", "output_region"): NOT_FOUND for an unknown name, INVALID_ARGUMENT for a range outside
+  // the registration.
+  Result<RegionBytes> Resolve(const std::string& owner, const std::string& field,
+                              const std::string& name, uint64_t offset, uint64_t byte_size) const;
+
+  size_t size() const;
+  uint64_t registered_bytes() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, std::string>, std::shared_ptr<const MappedRegion>> regions_;
+  uint64_t registered_bytes_ = 0;
+};
+
+}  // namespace gcmoe::server
