@@ -109,23 +109,35 @@ def serve_once(gcmoe, directory, backend, workdir):
     or any rank it started, log text)."""
     address_file = os.path.join(workdir, "address")
     log_path = os.path.join(workdir, "serve.log")
+    config_path = os.path.join(workdir, "serve.json")
     if os.path.exists(address_file):
         os.remove(address_file)
-    args = [gcmoe, "serve", "--listen", "127.0.0.1:0", "--address-file", address_file,
-            "--set", f"model.weights=hf:{directory}", "--set", f"engine.backend={backend}",
-            "--set", "parallel.ranks=1", "--set", "server.metrics_listen="]
+    # Every model key from config.json; startup sized for loading tens of GiB.
+    config = {"model": {"weights": "hf:" + directory}, "parallel": {"ranks": 1},
+              "engine": {"backend": backend},
+              "server": {"listen": "127.0.0.1:0", "rank_listen": "127.0.0.1:0",
+                         "metrics_listen": "", "startup_timeout_ms": 1800000}}
+    with open(config_path, "w") as f:
+        json.dump(config, f)
+    args = [gcmoe, "serve", "--config", config_path, "--address-file", address_file]
     started = time.monotonic()
+    usage = None
     with open(log_path, "w") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         ready = None
-        while proc.poll() is None and time.monotonic() - started < 1800:
+        while time.monotonic() - started < 1800:
+            # Reaped here, not by Popen: wait4's usage of serve includes the ranks it reaped,
+            # so its ru_maxrss is the largest RSS of the tree.
+            pid, _, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid != 0:
+                break
             if os.path.exists(address_file):
                 ready = time.monotonic() - started
                 break
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        # wait4's usage of serve includes the ranks it reaped: the largest RSS of the tree.
-        _, _, usage = os.wait4(proc.pid, 0)
+        if ready is not None or pid == 0:
+            proc.send_signal(signal.SIGTERM)
+            _, _, usage = os.wait4(proc.pid, 0)
         proc.returncode = 0
     with open(log_path) as f:
         text = f.read()
