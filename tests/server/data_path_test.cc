@@ -15,28 +15,6 @@ namespace {
 
 // Requests of several sizes and every input dtype; the token counts are not multiples of the
 // rank count, so shards are uneven and merged steps split calls across ranks.
-std::vector<gcmoe::v1::ForwardRequest> Requests() {
-  std::vector<gcmoe::v1::ForwardRequest> requests;
-  const gcmoe::v1::DType dtypes[] = {gcmoe::v1::FP32, gcmoe::v1::BF16, gcmoe::v1::FP8_E4M3};
-  int i = 0;
-  for (int tokens : {1, 3, 8, 13, 29}) {
-    for (gcmoe::v1::DType dtype : dtypes) {
-      RequestSpec r;
-      r.num_tokens = tokens;
-      r.layer = i % 2;
-      r.dtype = dtype;
-      r.output_dtype = i % 3 == 0 ? gcmoe::v1::FP32 : gcmoe::v1::BF16;
-      r.unused_every = i % 4 == 0 ? 3 : 0;
-      r.seed = 100 + i;
-      gcmoe::v1::ForwardRequest request = MakeForwardRequest(DefaultModel(), r);
-      request.set_request_id("req-" + std::to_string(i));
-      requests.push_back(std::move(request));
-      ++i;
-    }
-  }
-  return requests;
-}
-
 gcmoe::v1::ForwardResponse Forward(const std::string& address,
                                    const gcmoe::v1::ForwardRequest& request) {
   auto stub = Connect(address);
@@ -48,22 +26,16 @@ gcmoe::v1::ForwardResponse Forward(const std::string& address,
   return response;
 }
 
-const std::vector<std::string> kTwoRanks = {"--ranks", "2", "--set", "engine.threads=1"};
-
-std::vector<std::string> With(std::vector<std::string> more) {
-  std::vector<std::string> args = kTwoRanks;
-  args.insert(args.end(), more.begin(), more.end());
-  return args;
-}
-
 TEST(DataPathTest, InlineSharedMemoryStreamedAndMergedOutputsAreByteIdentical) {
   auto inline_service =
-      StartServe(With({"--set", "server.rank_io=inline"}), "dp_inline", milliseconds(60000));
+      StartServe(TwoRanksWith({"--set", "server.rank_io=inline"}), "dp_inline",
+                 milliseconds(60000));
   // Every step waits 50 ms for more calls: concurrent callers share steps.
   auto shm_service =
-      StartServe(With({"--set", "server.batch_window_us=50000"}), "dp_shm", milliseconds(60000));
+      StartServe(TwoRanksWith({"--set", "server.batch_window_us=50000"}), "dp_shm",
+                 milliseconds(60000));
   ASSERT_TRUE(inline_service && shm_service);
-  const std::vector<gcmoe::v1::ForwardRequest> requests = Requests();
+  const std::vector<gcmoe::v1::ForwardRequest> requests = DataPathRequests(100, "req-");
 
   // The reference: each request alone, tensors inline.
   std::vector<std::string> reference;
@@ -139,7 +111,8 @@ TEST(DataPathTest, InlineSharedMemoryStreamedAndMergedOutputsAreByteIdentical) {
 TEST(DataPathTest, MergedStepsNeverExceedTheRankCapacity) {
   // Capacity 16 tokens per rank, 2 ranks: three concurrent 13-token calls cannot share one step.
   auto service = StartServe(
-      With({"--set", "server.batch_window_us=50000", "--set", "engine.max_tokens_per_rank=16"}),
+      TwoRanksWith(
+          {"--set", "server.batch_window_us=50000", "--set", "engine.max_tokens_per_rank=16"}),
       "dp_capacity", milliseconds(60000));
   ASSERT_TRUE(service);
   std::vector<gcmoe::v1::ForwardRequest> requests;

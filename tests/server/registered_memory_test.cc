@@ -103,29 +103,6 @@ size_t OutputBytes(const ForwardRequest& request) {
   return static_cast<size_t>(request.hidden().shape(0)) * DefaultModel().hidden * elem;
 }
 
-// A request of the data-path mix (several sizes, every input dtype, both output dtypes).
-std::vector<ForwardRequest> Requests() {
-  std::vector<ForwardRequest> requests;
-  const gcmoe::v1::DType dtypes[] = {gcmoe::v1::FP32, gcmoe::v1::BF16, gcmoe::v1::FP8_E4M3};
-  int i = 0;
-  for (int tokens : {1, 3, 8, 13, 29}) {
-    for (gcmoe::v1::DType dtype : dtypes) {
-      RequestSpec r;
-      r.num_tokens = tokens;
-      r.layer = i % 2;
-      r.dtype = dtype;
-      r.output_dtype = i % 3 == 0 ? gcmoe::v1::FP32 : gcmoe::v1::BF16;
-      r.unused_every = i % 4 == 0 ? 3 : 0;
-      r.seed = 300 + i;
-      ForwardRequest request = MakeForwardRequest(DefaultModel(), r);
-      request.set_request_id("reg-" + std::to_string(i));
-      requests.push_back(std::move(request));
-      ++i;
-    }
-  }
-  return requests;
-}
-
 // Where a region request's output is: in its output region, or in the response.
 struct RegionRequest {
   ForwardRequest request;
@@ -200,13 +177,10 @@ grpc::Status Unregister(const std::string& address, const std::string& name,
     EXPECT_NE(s_.error_message().find(want_text), std::string::npos) << s_.error_message(); \
   } while (0)
 
-const std::vector<std::string> kTwoRanks = {"--ranks", "2", "--set", "engine.threads=1", "--set",
-                                            "server.allow_registered_memory=true"};
-
+// Two ranks with registered memory on, then `more`.
 std::vector<std::string> With(std::vector<std::string> more) {
-  std::vector<std::string> args = kTwoRanks;
-  args.insert(args.end(), more.begin(), more.end());
-  return args;
+  more.insert(more.begin(), {"--set", "server.allow_registered_memory=true"});
+  return TwoRanksWith(more);
 }
 
 TEST(RegisteredMemoryTest, RegionAndInlineOutputsAreByteIdentical) {
@@ -216,7 +190,7 @@ TEST(RegisteredMemoryTest, RegionAndInlineOutputsAreByteIdentical) {
   auto shm_ranks =
       StartServe(With({"--set", "server.batch_window_us=50000"}), "rm_shm", milliseconds(60000));
   ASSERT_TRUE(inline_ranks && shm_ranks);
-  const std::vector<ForwardRequest> requests = Requests();
+  const std::vector<ForwardRequest> requests = DataPathRequests(300, "reg-");
 
   // The reference: each request alone, tensors inline, ranks inline.
   std::vector<std::string> reference;

@@ -228,6 +228,35 @@ std::string SeparateProcesses::Logs() {
   return logs;
 }
 
+std::vector<gcmoe::v1::ForwardRequest> DataPathRequests(uint64_t seed,
+                                                        const std::string& id_prefix) {
+  std::vector<gcmoe::v1::ForwardRequest> requests;
+  const gcmoe::v1::DType dtypes[] = {gcmoe::v1::FP32, gcmoe::v1::BF16, gcmoe::v1::FP8_E4M3};
+  int i = 0;
+  for (int tokens : {1, 3, 8, 13, 29}) {
+    for (gcmoe::v1::DType dtype : dtypes) {
+      RequestSpec r;
+      r.num_tokens = tokens;
+      r.layer = i % 2;
+      r.dtype = dtype;
+      r.output_dtype = i % 3 == 0 ? gcmoe::v1::FP32 : gcmoe::v1::BF16;
+      r.unused_every = i % 4 == 0 ? 3 : 0;
+      r.seed = seed + i;
+      gcmoe::v1::ForwardRequest request = MakeForwardRequest(DefaultModel(), r);
+      request.set_request_id(id_prefix + std::to_string(i));
+      requests.push_back(std::move(request));
+      ++i;
+    }
+  }
+  return requests;
+}
+
+std::vector<std::string> TwoRanksWith(const std::vector<std::string>& more) {
+  std::vector<std::string> args = {"--ranks", "2", "--set", "engine.threads=1"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
 engine::ModelSpec DefaultModel() { return ModelSpecFromConfig(config::DefaultConfig()); }
 
 gcmoe::v1::ForwardRequest MakeForwardRequest(const engine::ModelSpec& spec, const RequestSpec& r) {

@@ -114,6 +114,15 @@ struct RequestSpec {
 gcmoe::v1::ForwardRequest MakeForwardRequest(const engine::ModelSpec& spec,
                                              const RequestSpec& request);
 
+// The data-path tests' mix for the default model: 15 requests of 1-29 tokens, every input
+// dtype, both output dtypes, both layers, some slots unused; seeds from `seed`, ids
+// `id_prefix` + index.
+std::vector<gcmoe::v1::ForwardRequest> DataPathRequests(uint64_t seed,
+                                                        const std::string& id_prefix);
+
+// `gcmoe serve` arguments for two ranks with one engine thread each, then `more`.
+std::vector<std::string> TwoRanksWith(const std::vector<std::string>& more);
+
 // The service's activations as floats (what it sees after decoding the request's dtype).
 std::vector<float> HiddenAsFloats(const gcmoe::v1::ForwardRequest& request);
 std::vector<double> OutputAsDoubles(const gcmoe::v1::ForwardResponse& response);
