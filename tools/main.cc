@@ -3,6 +3,8 @@
 #include <cstring>
 #include <string>
 
+#include <openssl/crypto.h>
+
 #include "client/command.h"
 #include "server/commands.h"
 #include "tools/commands.h"
@@ -44,6 +46,11 @@ void PrintUsage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // gRPC's threads outlive the objects that started them: a TLS handshake a rank began before
+  // SIGTERM can still be running while the process exits. OpenSSL's exit handler would free
+  // its state under that thread (a crash at exit), so OpenSSL keeps it until the process ends.
+  // First, before anything initialises OpenSSL: only the first initialisation decides this.
+  OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr);
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0 ||
       std::strcmp(argv[1], "help") == 0) {
     PrintUsage(argc < 2 ? stderr : stdout);

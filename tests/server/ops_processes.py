@@ -48,6 +48,20 @@ def wait_for_lines(path, count, timeout_s, process=None, log_path=None):
     raise AssertionError(f"{path} did not get {count} line(s) in {timeout_s} s; log:\n{log}")
 
 
+def wait_for_text(path, text, timeout_s, process=None):
+    """Returns once the file at `path` (a process's log) holds `text`, else raises with it."""
+    deadline = time.monotonic() + timeout_s
+    content = ""
+    while time.monotonic() < deadline:
+        with open(path) as f:
+            content = f.read()
+        if text in content or (process is not None and process.poll() is not None):
+            break
+        time.sleep(0.05)
+    if text not in content:
+        raise AssertionError(f"no {text!r} in {path} within {timeout_s} s:\n{content}")
+
+
 class Processes:
     """The gcmoe processes one test starts, each logging to WORKDIR/NAME.log; stop() ends the
     ones still running (SIGTERM, then SIGKILL after 30 s) and closes their logs."""
