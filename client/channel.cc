@@ -1,5 +1,7 @@
 #include "client/channel.h"
 
+#include <arpa/inet.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -30,6 +32,26 @@ Result<std::string> ReadToken(const std::string& path) {
     return line.substr(begin, end - begin + 1);
   }
   return InvalidArgument("--token-file: " + path + " holds no token");
+}
+
+// True when addr ("host:port", "[v6]:port", "unix:PATH", with gRPC's "dns:///", "ipv4:" or
+// "ipv6:" scheme) can only reach this machine: a loopback IP, localhost or a Unix socket.
+bool IsLoopback(std::string addr) {
+  for (const char* scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
+    if (addr.starts_with(scheme)) addr = addr.substr(std::strlen(scheme));
+  }
+  if (addr.starts_with("unix:") || addr.starts_with("unix-abstract:")) return true;
+  std::string host = addr;  // "host:port" or "[v6]:port"
+  if (host.starts_with("[")) {
+    host = host.substr(1, host.find(']') - 1);
+  } else if (host.find(':') == host.rfind(':')) {
+    host = host.substr(0, host.find(':'));
+  }
+  if (host == "localhost") return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 // Adds the bearer token to every call's metadata. Per call, not as call credentials: gRPC
@@ -85,7 +107,8 @@ Result<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& addr, int 
     return InvalidArgument("--tls-cert and --tls-key go together");
   }
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-  if (options.tls || !options.tls_ca.empty() || !options.tls_cert.empty()) {
+  const bool tls = options.tls || !options.tls_ca.empty() || !options.tls_cert.empty();
+  if (tls) {
     grpc::SslCredentialsOptions ssl;
     if (!options.tls_ca.empty()) {
       GCMOE_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile("--tls-ca", options.tls_ca));
@@ -100,6 +123,11 @@ Result<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& addr, int 
     return InvalidArgument("--tls-server-name needs TLS (--tls or --tls-ca)");
   }
   if (options.token_file.empty()) return grpc::CreateCustomChannel(addr, credentials, args);
+  if (!tls && !IsLoopback(addr)) {
+    return InvalidArgument("--token-file needs TLS (--tls or --tls-ca) to reach " + addr +
+                           ": a token on a plaintext connection crosses the network in the "
+                           "clear (only a loopback address may go without)");
+  }
   GCMOE_ASSIGN_OR_RETURN(std::string token, ReadToken(options.token_file));
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
   factories.push_back(std::make_unique<BearerInterceptorFactory>(std::move(token)));

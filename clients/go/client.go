@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -25,8 +27,9 @@ type Options struct {
 	// (mTLS) or another server name, or any credentials.TransportCredentials; nil is plaintext.
 	Credentials credentials.TransportCredentials
 	// Token, when set, is sent as "authorization: Bearer <token>" with every call. It needs
-	// Credentials: Dial refuses a token on a plaintext connection, where it would cross the
-	// network in the clear.
+	// Credentials unless addr is a loopback address or a Unix socket: Dial refuses a token on
+	// a plaintext connection that leaves the machine, where it would cross the network in the
+	// clear.
 	Token string
 	// MaxMessageBytes is the send and receive limit; 0 is DefaultMaxMessageBytes.
 	MaxMessageBytes int
@@ -95,14 +98,38 @@ func IsCode(err error, code codes.Code) bool {
 }
 
 // bearerToken is the Options.Token of every call, as per-RPC credentials.
-type bearerToken string
-
-func (b bearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+type bearerToken struct {
+	header string // "Bearer <token>"
+	tls    bool   // the connection has transport security
 }
 
-// gRPC then sends the token only on a connection whose handshake gave privacy and integrity.
-func (bearerToken) RequireTransportSecurity() bool { return true }
+func (b bearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": b.header}, nil
+}
+
+// With TLS, gRPC then sends the token only on a connection whose handshake gave privacy and
+// integrity; without, Dial has checked that the connection stays on this machine.
+func (b bearerToken) RequireTransportSecurity() bool { return b.tls }
+
+// isLoopback reports whether addr ("host:port", "[v6]:port", "unix:PATH", with gRPC's
+// "dns:///", "ipv4:" or "ipv6:" scheme) can only reach this machine.
+func isLoopback(addr string) bool {
+	for _, scheme := range []string{"dns:///", "dns:", "ipv4:", "ipv6:"} {
+		addr = strings.TrimPrefix(addr, scheme)
+	}
+	if strings.HasPrefix(addr, "unix:") || strings.HasPrefix(addr, "unix-abstract:") {
+		return true
+	}
+	host := addr
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		host = h
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
 
 // Dial connects to addr ("host:port"). The connection is made lazily; ctx bounds only the dial.
 func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
@@ -119,11 +146,13 @@ func Dial(ctx context.Context, addr string, opts Options) (*Client, error) {
 		dial = append(dial, grpc.WithInsecure())
 	}
 	if opts.Token != "" {
-		if opts.Credentials == nil {
+		if opts.Credentials == nil && !isLoopback(addr) {
 			return nil, fmt.Errorf("gcmoe: dial %s: Options.Token needs TLS Options.Credentials "+
-				"(a token on a plaintext connection crosses the network in the clear)", addr)
+				"(a token on a plaintext connection crosses the network in the clear; only a "+
+				"loopback address may go without)", addr)
 		}
-		dial = append(dial, grpc.WithPerRPCCredentials(bearerToken(opts.Token)))
+		dial = append(dial, grpc.WithPerRPCCredentials(
+			bearerToken{header: "Bearer " + opts.Token, tls: opts.Credentials != nil}))
 	}
 	conn, err := grpc.DialContext(ctx, addr, append(dial, opts.DialOptions...)...)
 	if err != nil {

@@ -204,9 +204,28 @@ func TestTLSAndTokenAgainstARealService(t *testing.T) {
 
 func TestTLSOptionsRefuseWhatCannotWork(t *testing.T) {
 	p := makePKI(t)
-	if _, err := Dial(context.Background(), "127.0.0.1:1", Options{Token: p.token}); err == nil ||
-		!strings.Contains(err.Error(), "Options.Token needs TLS Options.Credentials") {
-		t.Errorf("a token on a plaintext connection: got %v, expected Dial to refuse it", err)
+	for _, addr := range []string{"192.0.2.1:50051", "dns:///gcmoe.example:50051", "[2001:db8::1]:1"} {
+		if _, err := Dial(context.Background(), addr, Options{Token: p.token}); err == nil ||
+			!strings.Contains(err.Error(), "Options.Token needs TLS Options.Credentials") {
+			t.Errorf("a token on a plaintext connection to %s: got %v, expected Dial to refuse it",
+				addr, err)
+		}
+	}
+	// Loopback and Unix sockets may: Dial accepts, and a call fails only for want of a server.
+	for _, addr := range []string{"127.0.0.1:1", "127.8.9.10:1", "localhost:1", "[::1]:1",
+		"unix:/nonexistent/gcmoe.sock"} {
+		c, err := Dial(context.Background(), addr, Options{Token: p.token})
+		if err != nil {
+			t.Errorf("a token on plaintext to %s: Dial refused it: %v", addr, err)
+			continue
+		}
+		short, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if _, err := c.Info(short); !IsCode(err, codes.Unavailable) &&
+			!IsCode(err, codes.DeadlineExceeded) {
+			t.Errorf("a token on plaintext to %s: got %v, expected no connection", addr, err)
+		}
+		cancel()
+		c.Close()
 	}
 	for _, c := range []struct {
 		files TLSFiles

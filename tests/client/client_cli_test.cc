@@ -24,6 +24,7 @@ namespace gcmoe::client {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 constexpr int kHidden = 64;
@@ -357,6 +358,26 @@ TEST(ClientCli, UnreachableServiceIsReportedAsSuch) {
     const CommandResult r = RunClient({command, "--addr", "127.0.0.1:1", "--timeout-ms", "5000"});
     EXPECT_EQ(r.exit_code, 1) << command;
     EXPECT_THAT(r.err, StartsWith("cannot reach 127.0.0.1:1: ")) << command;
+  }
+}
+
+TEST(ClientCli, TokenOverPlaintextOnlyToLoopback) {
+  const std::string token_file = ::testing::TempDir() + "/client_cli_token";
+  std::ofstream(token_file) << "a-token\n";
+  // Refused before any connection: the token would cross the network in the clear.
+  for (const char* addr : {"192.0.2.1:50051", "dns:///gcmoe.example:50051", "[2001:db8::1]:1"}) {
+    const CommandResult r =
+        RunClient({"health", "--addr", addr, "--token-file", token_file.c_str()});
+    EXPECT_EQ(r.exit_code, 2) << addr;
+    EXPECT_THAT(r.err, HasSubstr("--token-file needs TLS (--tls or --tls-ca) to reach")) << addr;
+  }
+  // Loopback and Unix sockets may: these are dialled (and nothing listens there).
+  for (const char* addr : {"127.0.0.1:1", "127.8.9.10:1", "localhost:1", "[::1]:1",
+                           "ipv4:127.0.0.1:1", "unix:/nonexistent/gcmoe.sock"}) {
+    const CommandResult r = RunClient({"health", "--addr", addr, "--token-file",
+                                       token_file.c_str(), "--timeout-ms", "5000"});
+    EXPECT_EQ(r.exit_code, 1) << addr << ": " << r.err;
+    EXPECT_THAT(r.err, Not(HasSubstr("needs TLS"))) << addr;
   }
 }
 

@@ -440,6 +440,19 @@ def auth(args):
             fail(f"TLS(cert without key): {error}")
     else:
         fail("TLS(cert without key) was accepted")
+    # A token on plaintext: refused before any connection unless the address is this machine's.
+    for addr in ("192.0.2.1:50051", "dns:///gcmoe.example:50051", "[2001:db8::1]:1"):
+        for make in (gcmoe.Client, gcmoe.aio.Client):
+            try:
+                make(addr, token=token)
+            except ValueError as error:
+                if "token: needs tls= to reach" not in str(error):
+                    fail(f"{make.__qualname__}({addr!r}, token=...) without tls: {error}")
+            else:
+                fail(f"{make.__qualname__}({addr!r}, token=...) without tls was accepted")
+    for addr in ("127.0.0.1:1", "127.8.9.10:1", "localhost:1", "[::1]:1", "ipv4:127.0.0.1:1",
+                 "unix:/nonexistent/gcmoe.sock"):
+        gcmoe.Client(addr, token=token).close()
     mtls = " with client certificates" if args.tls_cert else ""
     print(f"python_package_check: tokens and TLS{mtls} refused and accepted as they should "
           f"({tls!r})")

@@ -1,6 +1,7 @@
 """How the clients open their channel: plaintext or TLS (gcmoe.TLS: the CA, a client certificate
 for mTLS, a server name), the message limits the service's [T, H] tensors need, and an optional
 bearer token sent with every call."""
+import ipaddress
 import os
 
 import grpc
@@ -76,6 +77,35 @@ def credentials(tls):
                     "server_name=...) or grpc.ChannelCredentials")
 
 
-def call_metadata(token):
-    """Metadata for every call: `authorization: Bearer <token>` when a token is given."""
-    return (("authorization", "Bearer " + token),) if token else None
+def call_metadata(token, addr, tls):
+    """Metadata for every call: `authorization: Bearer <token>` when a token is given. A token
+    on a plaintext connection would cross the network in the clear: refused (ValueError) unless
+    addr is a loopback address or a Unix socket."""
+    if not token:
+        return None
+    if (tls is None or tls is False) and not is_loopback(addr):
+        raise ValueError(f"token: needs tls= to reach {addr}: a token on a plaintext connection "
+                         "crosses the network in the clear (only a loopback address may go "
+                         "without)")
+    return (("authorization", "Bearer " + token),)
+
+
+def is_loopback(addr):
+    """True when addr ("host:port", "[v6]:port", "unix:PATH", with gRPC's "dns:///", "ipv4:" or
+    "ipv6:" scheme) can only reach this machine."""
+    for scheme in ("dns:///", "dns:", "ipv4:", "ipv6:"):
+        if addr.startswith(scheme):
+            addr = addr[len(scheme):]
+    if addr.startswith(("unix:", "unix-abstract:")):
+        return True
+    host = addr
+    if host.startswith("["):
+        host = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

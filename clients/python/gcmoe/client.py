@@ -27,13 +27,13 @@ class Client:
 
     def __init__(self, addr="127.0.0.1:50051", *, tls=False, token=None, timeout=None,
                  max_message_bytes=_channel.DEFAULT_MAX_MESSAGE_BYTES, options=()):
+        self._metadata = _channel.call_metadata(token, addr, tls)
         creds, tls_options = _channel.credentials(tls)
         opts = _channel.channel_options(max_message_bytes) + tls_options + list(options)
         self.addr = addr
         self._channel = (grpc.secure_channel(addr, creds, options=opts) if creds is not None
                          else grpc.insecure_channel(addr, options=opts))
         self._stub = moe_pb2_grpc.MoeServiceStub(self._channel)
-        self._metadata = _channel.call_metadata(token)
         self._timeout = timeout
 
     def _call(self, rpc, request, timeout):
