@@ -141,6 +141,10 @@ void PrintModelInfo(const std::string& addr, const v1::ModelInfo& m) {
               m.ranks() == 1 ? "" : "s", m.backend().c_str(), m.balancer_enabled() ? "on" : "off");
   std::printf("  limits      %u tokens per request, %s per message\n", m.max_tokens(),
               m.max_message_bytes() > 0 ? Bytes(m.max_message_bytes()).c_str() : "(not stated)");
+  std::string kinds;
+  for (const std::string& kind : m.memory_kinds()) kinds += (kinds.empty() ? "" : ", ") + kind;
+  std::printf("  registered  %s\n",
+              kinds.empty() ? "off (server.allow_registered_memory)" : kinds.c_str());
 }
 
 int RunInfo(int argc, char** argv) {

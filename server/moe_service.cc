@@ -313,6 +313,7 @@ grpc::Status MoeServiceImpl::GetModelInfo(grpc::ServerContext* context,
   for (int l = 0; l < m.layers; ++l) {
     info->add_model_layers(m.moe_layer_ids.empty() ? l : m.moe_layer_ids[l]);
   }
+  if (registry_) info->add_memory_kinds("posix_shm");
   metrics_->RecordCall("GetModelInfo", "OK", SecondsSince(start));
   return grpc::Status::OK;
 }

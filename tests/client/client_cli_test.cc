@@ -78,6 +78,7 @@ class FakeMoeService final : public v1::MoeService::Service {
     info->add_output_dtypes(v1::BF16);
     info->add_output_dtypes(v1::FP32);
     info->set_max_message_bytes(1 << 20);
+    info->add_memory_kinds("posix_shm");
     return grpc::Status::OK;
   }
 
@@ -216,6 +217,7 @@ TEST_F(ClientCliTest, InfoPrintsTheModel) {
   EXPECT_THAT(r.out, HasSubstr("hidden bf16, fp32, fp8_e4m3; output bf16, fp32"));
   EXPECT_THAT(r.out, HasSubstr("2 ranks, cpu backend, balancer on"));
   EXPECT_THAT(r.out, HasSubstr("256 tokens per request, 1.0 MiB per message"));
+  EXPECT_THAT(r.out, HasSubstr("registered  posix_shm\n"));
 
   r = RunClient({"info", "--addr", addr_, "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

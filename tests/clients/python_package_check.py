@@ -507,7 +507,18 @@ def readme_registered_memory(args):
                     y = await aio_client.forward(*views, output_dtype="bf16", out=out)
                     same_bytes("aio region", np.asarray(y).view(np.uint16),
                                np.asarray(expected).view(np.uint16))
+                    out.array[:] = 0
+                    async with aio_client.forward_stream() as stream:
+                        y = await stream.forward(*views, output_dtype="bf16", out=out)
+                        same_bytes("aio stream region", y, np.asarray(expected).view(np.uint16))
+                        out.array[:] = 0
+                        stream.send(*views, output_dtype="bf16", out=out)
+                        await stream.receive_response()
+                        same_bytes("aio stream region, sent", out.array,
+                                   np.asarray(expected).view(np.uint16))
             asyncio.run(run())
+            if "posix_shm" not in list(client.info().memory_kinds):
+                fail(f"ModelInfo.memory_kinds {list(client.info().memory_kinds)} lacks posix_shm")
             out.array[:] = 0
             with client.forward_stream() as stream:
                 y = stream.forward(*views, output_dtype="bf16", out=out)

@@ -145,6 +145,16 @@ grpc::Status Call(const std::string& address, const ForwardRequest& request,
   return stub->Forward(&context, request, response);
 }
 
+// What GetModelInfo says the service accepts for RegisterMemory.
+std::vector<std::string> MemoryKinds(const std::string& address) {
+  auto stub = Connect(address);
+  grpc::ClientContext context;
+  gcmoe::v1::ModelInfo info;
+  const grpc::Status status = stub->GetModelInfo(&context, gcmoe::v1::GetModelInfoRequest(), &info);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return {info.memory_kinds().begin(), info.memory_kinds().end()};
+}
+
 grpc::Status Register(const std::string& address, const std::string& name, const std::string& key,
                       uint64_t offset, uint64_t bytes, const std::string& token = "") {
   auto stub = Connect(address);
@@ -190,6 +200,7 @@ TEST(RegisteredMemoryTest, RegionAndInlineOutputsAreByteIdentical) {
   auto shm_ranks =
       StartServe(With({"--set", "server.batch_window_us=50000"}), "rm_shm", milliseconds(60000));
   ASSERT_TRUE(inline_ranks && shm_ranks);
+  EXPECT_EQ(MemoryKinds(shm_ranks->address), std::vector<std::string>{"posix_shm"});
   const std::vector<ForwardRequest> requests = DataPathRequests(300, "reg-");
 
   // The reference: each request alone, tensors inline, ranks inline.
@@ -451,6 +462,7 @@ TEST(RegisteredMemoryTest, OffByDefault) {
   auto service = StartServe({"--ranks", "2", "--set", "engine.threads=1"}, "rm_off",
                             milliseconds(60000));
   ASSERT_TRUE(service);
+  EXPECT_TRUE(MemoryKinds(service->address).empty());
   TestShm shm("off", 1 << 20);
   EXPECT_STATUS(Register(service->address, "mine", shm.key(), 0, shm.bytes()),
                 grpc::StatusCode::FAILED_PRECONDITION, "server.allow_registered_memory");

@@ -154,9 +154,9 @@ class ForwardStream:
         return future.result()
 
     def send(self, hidden, topk_ids, topk_weights, layer=0, output_dtype="bf16",
-             hidden_dtype=None, request_id=""):
+             hidden_dtype=None, request_id="", out=None):
         request = tensors.forward_request(hidden, topk_ids, topk_weights, layer, output_dtype,
-                                          hidden_dtype, request_id)
+                                          hidden_dtype, request_id, out)
         self._put(request, for_receive=True)
 
     async def receive_response(self):
@@ -166,15 +166,17 @@ class ForwardStream:
         return tensors.decode_output((await self.receive_response()).output)
 
     async def forward_response(self, hidden, topk_ids, topk_weights, layer=0,
-                               output_dtype="bf16", hidden_dtype=None, request_id=""):
+                               output_dtype="bf16", hidden_dtype=None, request_id="", out=None):
         request = tensors.forward_request(hidden, topk_ids, topk_weights, layer, output_dtype,
-                                          hidden_dtype, request_id)
+                                          hidden_dtype, request_id, out)
         return await self._wait(self._put(request, for_receive=False))
 
     async def forward(self, hidden, topk_ids, topk_weights, layer=0, output_dtype="bf16",
-                      hidden_dtype=None, request_id=""):
+                      hidden_dtype=None, request_id="", out=None):
         response = await self.forward_response(hidden, topk_ids, topk_weights, layer,
-                                               output_dtype, hidden_dtype, request_id)
+                                               output_dtype, hidden_dtype, request_id, out)
+        if out is not None:
+            return out.array
         return tensors.decode_output(response.output)
 
     @property
