@@ -101,7 +101,9 @@ func (s *Stream) read() {
 		r := s.waiting[0]
 		s.waiting = s.waiting[1:]
 		s.mu.Unlock()
-		if message.GetRequestId() != r.requestID {
+		// A request sent without an id gets one the server made up, which the client cannot
+		// predict: only a request the caller named can be matched.
+		if r.requestID != "" && message.GetRequestId() != r.requestID {
 			// Only a server that breaks the in-order contract gets here; no later reply can be
 			// trusted to belong to its request either.
 			r.err = &Error{RPC: streamRPC, Code: codes.Internal, Message: fmt.Sprintf(
