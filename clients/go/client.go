@@ -180,7 +180,11 @@ func (c *Client) ForwardFloat32(ctx context.Context, layer uint32, hidden []floa
 	if err != nil {
 		return nil, err
 	}
-	return c.forward(ctx, layer, h, shape, routing, opts)
+	request, err := forwardRequest(layer, h, shape, routing, opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.forward(ctx, request)
 }
 
 // ForwardBF16 runs one MoE layer on BF16 activations (bit patterns, see Float32ToBF16).
@@ -190,15 +194,15 @@ func (c *Client) ForwardBF16(ctx context.Context, layer uint32, hidden []uint16,
 	if err != nil {
 		return nil, err
 	}
-	return c.forward(ctx, layer, h, shape, routing, opts)
-}
-
-func (c *Client) forward(ctx context.Context, layer uint32, hidden *gcmoev1.Tensor, shape Shape,
-	routing Routing, opts ForwardOptions) (*Output, error) {
-	request, err := forwardRequest(layer, hidden, shape, routing, opts)
+	request, err := forwardRequest(layer, h, shape, routing, opts)
 	if err != nil {
 		return nil, err
 	}
+	return c.forward(ctx, request)
+}
+
+// forward sends a request built by forwardRequest or Registered.request.
+func (c *Client) forward(ctx context.Context, request *gcmoev1.ForwardRequest) (*Output, error) {
 	response, err := c.stub.Forward(ctx, request)
 	if err != nil {
 		return nil, wrap("Forward", err)

@@ -21,6 +21,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"gcmoe/clients/go/gcmoev1"
 )
 
 type service struct {
@@ -179,20 +181,27 @@ func saveRequest(t *testing.T, hidden []float32, shape Shape, routing Routing) s
 	return dir
 }
 
-func TestAgainstARealService(t *testing.T) {
-	s := startServe(t)
-	ctx := context.Background()
-	client, err := Dial(ctx, s.addr, Options{})
+// serveAndConnect starts `gcmoe serve` with the extra flags, connects to it in plaintext, waits
+// until it serves, and returns the service, the client (closed when t ends) and its ModelInfo.
+func serveAndConnect(t *testing.T, extra ...string) (*service, *Client, *gcmoev1.ModelInfo) {
+	t.Helper()
+	s := startServe(t, extra...)
+	client, err := Dial(context.Background(), s.addr, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer client.Close()
+	t.Cleanup(func() { client.Close() })
 	waitServing(t, client)
-
-	info, err := client.Info(ctx)
+	info, err := client.Info(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, client, info
+}
+
+func TestAgainstARealService(t *testing.T) {
+	s, client, info := serveAndConnect(t)
+	ctx := context.Background()
 	if info.GetHidden() == 0 || info.GetTopK() == 0 || info.GetExperts() == 0 || info.GetVersion() == "" {
 		t.Fatalf("incomplete ModelInfo: %v", info)
 	}
@@ -246,6 +255,20 @@ func TestAgainstARealService(t *testing.T) {
 		_, err = client.ForwardFloat32(ctx, layer, hidden, Shape{T, H}, bad, ForwardOptions{})
 		if !IsCode(err, codes.InvalidArgument) || !strings.Contains(err.Error(), "topk_ids") {
 			t.Fatalf("an expert id out of range: got %v, expected INVALID_ARGUMENT naming topk_ids", err)
+		}
+	})
+	t.Run("registered memory is off by default", func(t *testing.T) {
+		if len(info.GetMemoryKinds()) != 0 {
+			t.Fatalf("ModelInfo.memory_kinds %v, expected none", info.GetMemoryKinds())
+		}
+		shm, err := NewSharedMemory(4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer shm.Close()
+		if err := client.RegisterMemory(ctx, shm); !IsCode(err, codes.FailedPrecondition) ||
+			!strings.Contains(err.Error(), "server.allow_registered_memory") {
+			t.Fatalf("RegisterMemory: got %v, expected FAILED_PRECONDITION naming the key", err)
 		}
 	})
 	t.Run("ForwardStream", func(t *testing.T) { testForwardStream(t, client, info) })

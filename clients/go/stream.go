@@ -137,12 +137,7 @@ func (s *Stream) fail(err error) {
 	s.waiting = nil
 }
 
-func (s *Stream) send(layer uint32, hidden *gcmoev1.Tensor, shape Shape, routing Routing,
-	opts ForwardOptions, forReceive bool) (*reply, error) {
-	request, err := forwardRequest(layer, hidden, shape, routing, opts)
-	if err != nil {
-		return nil, err
-	}
+func (s *Stream) send(request *gcmoev1.ForwardRequest, forReceive bool) (*reply, error) {
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
 	if s.closed {
@@ -177,8 +172,7 @@ func (s *Stream) SendFloat32(layer uint32, hidden []float32, shape Shape, routin
 	if err != nil {
 		return err
 	}
-	_, err = s.send(layer, h, shape, routing, opts, true)
-	return err
+	return s.sendRequest(forwardRequest(layer, h, shape, routing, opts))
 }
 
 // SendBF16 is SendFloat32 on BF16 activations (bit patterns, see Float32ToBF16).
@@ -188,11 +182,26 @@ func (s *Stream) SendBF16(layer uint32, hidden []uint16, shape Shape, routing Ro
 	if err != nil {
 		return err
 	}
-	_, err = s.send(layer, h, shape, routing, opts, true)
+	return s.sendRequest(forwardRequest(layer, h, shape, routing, opts))
+}
+
+// SendRegistered is SendFloat32 on tensors in registered memory (see Client.ForwardRegistered):
+// leave them untouched until Recv has returned the reply.
+func (s *Stream) SendRegistered(layer uint32, in Registered, opts ForwardOptions) error {
+	return s.sendRequest(in.request(layer, opts))
+}
+
+// sendRequest sends a request built for Recv.
+func (s *Stream) sendRequest(request *gcmoev1.ForwardRequest, err error) error {
+	if err != nil {
+		return err
+	}
+	_, err = s.send(request, true)
 	return err
 }
 
-// Recv waits for the reply of the oldest request of SendFloat32 or SendBF16 not yet received.
+// Recv waits for the reply of the oldest request of SendFloat32, SendBF16 or SendRegistered not
+// yet received.
 func (s *Stream) Recv() (*Output, error) {
 	s.mu.Lock()
 	if len(s.unreceived) == 0 {
@@ -213,11 +222,7 @@ func (s *Stream) ForwardFloat32(layer uint32, hidden []float32, shape Shape, rou
 	if err != nil {
 		return nil, err
 	}
-	r, err := s.send(layer, h, shape, routing, opts, false)
-	if err != nil {
-		return nil, err
-	}
-	return r.wait()
+	return s.forward(forwardRequest(layer, h, shape, routing, opts))
 }
 
 // ForwardBF16 is ForwardFloat32 on BF16 activations (bit patterns, see Float32ToBF16).
@@ -227,7 +232,21 @@ func (s *Stream) ForwardBF16(layer uint32, hidden []uint16, shape Shape, routing
 	if err != nil {
 		return nil, err
 	}
-	r, err := s.send(layer, h, shape, routing, opts, false)
+	return s.forward(forwardRequest(layer, h, shape, routing, opts))
+}
+
+// ForwardRegistered is ForwardFloat32 on tensors in registered memory (see
+// Client.ForwardRegistered).
+func (s *Stream) ForwardRegistered(layer uint32, in Registered, opts ForwardOptions) (*Output, error) {
+	return s.forward(in.request(layer, opts))
+}
+
+// forward sends a request and waits for its reply.
+func (s *Stream) forward(request *gcmoev1.ForwardRequest, err error) (*Output, error) {
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.send(request, false)
 	if err != nil {
 		return nil, err
 	}
