@@ -43,7 +43,7 @@ serve_and_ask() {  # name, output file, --set overrides...
   "$GCMOE" client stats --addr "127.0.0.1:$PORT" > "$OUT/stats-$name.txt" 2>&1
   python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(
       "http://" + sys.argv[1] + "/metrics", timeout=10).read().decode())' \
-    "$(sed -n 3p "$addr_file")" > "$OUT/metrics-$name.txt" 2>&1 || rc=1
+    "$(sed -n 2p "$addr_file")" > "$OUT/metrics-$name.txt" 2>&1 || rc=1
   kill -TERM "$pid"; wait "$pid"
   PORT=$((PORT + 1))
   return $rc
