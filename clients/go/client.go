@@ -253,18 +253,26 @@ func forwardRequest(layer uint32, hidden *gcmoev1.Tensor, shape Shape, routing R
 		binary.LittleEndian.PutUint32(weights[4*i:], math.Float32bits(routing.Weights[i]))
 	}
 	routingShape := Shape{shape[0], routing.TopK}
+	return newForwardRequest(layer, hidden, tensor(gcmoev1.DType_INT32, routingShape, ids),
+		tensor(gcmoev1.DType_FP32, routingShape, weights), opts), nil
+}
+
+// newForwardRequest is the ForwardRequest of the three tensors, inline or in registered memory,
+// with the output dtype and request id of opts.
+func newForwardRequest(layer uint32, hidden, ids, weights *gcmoev1.Tensor,
+	opts ForwardOptions) *gcmoev1.ForwardRequest {
 	request := &gcmoev1.ForwardRequest{
 		Layer:       layer,
 		Hidden:      hidden,
-		TopkIds:     tensor(gcmoev1.DType_INT32, routingShape, ids),
-		TopkWeights: tensor(gcmoev1.DType_FP32, routingShape, weights),
+		TopkIds:     ids,
+		TopkWeights: weights,
 		OutputDtype: gcmoev1.DType_BF16,
 		RequestId:   opts.RequestID,
 	}
 	if opts.OutputFP32 {
 		request.OutputDtype = gcmoev1.DType_FP32
 	}
-	return request, nil
+	return request
 }
 
 // output is the Output of a ForwardResponse that rpc returned.

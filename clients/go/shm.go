@@ -135,30 +135,22 @@ func (m *SharedMemory) At(offset, size int) (Region, error) {
 
 // Float32s allocates n float32 values (the service reads them little-endian: this process's
 // order on the x86-64 and arm64 hosts it runs on) and returns them with their Region.
-func (m *SharedMemory) Float32s(n int) ([]float32, Region, error) {
-	r, err := m.Alloc(4 * n)
-	if err != nil {
-		return nil, Region{}, err
-	}
-	return unsafe.Slice((*float32)(unsafe.Pointer(&m.data[r.Offset])), n), r, nil
-}
+func (m *SharedMemory) Float32s(n int) ([]float32, Region, error) { return allocView[float32](m, n) }
 
 // Uint16s allocates n BF16 bit patterns (see Float32ToBF16) and returns them with their Region.
-func (m *SharedMemory) Uint16s(n int) ([]uint16, Region, error) {
-	r, err := m.Alloc(2 * n)
-	if err != nil {
-		return nil, Region{}, err
-	}
-	return unsafe.Slice((*uint16)(unsafe.Pointer(&m.data[r.Offset])), n), r, nil
-}
+func (m *SharedMemory) Uint16s(n int) ([]uint16, Region, error) { return allocView[uint16](m, n) }
 
 // Int32s allocates n int32 values (expert ids) and returns them with their Region.
-func (m *SharedMemory) Int32s(n int) ([]int32, Region, error) {
-	r, err := m.Alloc(4 * n)
+func (m *SharedMemory) Int32s(n int) ([]int32, Region, error) { return allocView[int32](m, n) }
+
+// allocView allocates n values of E (Alloc) and returns them as a slice of the mapping.
+func allocView[E float32 | uint16 | int32](m *SharedMemory, n int) ([]E, Region, error) {
+	var zero E
+	r, err := m.Alloc(int(unsafe.Sizeof(zero)) * n)
 	if err != nil {
 		return nil, Region{}, err
 	}
-	return unsafe.Slice((*int32)(unsafe.Pointer(&m.data[r.Offset])), n), r, nil
+	return unsafe.Slice((*E)(unsafe.Pointer(&m.data[r.Offset])), n), r, nil
 }
 
 // reference is the TensorRegion a request sends for r.
@@ -242,18 +234,12 @@ func (in Registered) request(layer uint32, opts ForwardOptions) (*gcmoev1.Forwar
 		return nil, err
 	}
 	routingShape := []int64{int64(T), int64(in.TopK)}
-	request := &gcmoev1.ForwardRequest{
-		Layer: layer,
-		Hidden: &gcmoev1.Tensor{Dtype: in.HiddenDType, Shape: []int64{int64(T), int64(H)},
+	request := newForwardRequest(layer,
+		&gcmoev1.Tensor{Dtype: in.HiddenDType, Shape: []int64{int64(T), int64(H)},
 			Region: in.Hidden.reference()},
-		TopkIds:     &gcmoev1.Tensor{Dtype: gcmoev1.DType_INT32, Shape: routingShape, Region: in.IDs.reference()},
-		TopkWeights: &gcmoev1.Tensor{Dtype: gcmoev1.DType_FP32, Shape: routingShape, Region: in.Weights.reference()},
-		OutputDtype: gcmoev1.DType_BF16,
-		RequestId:   opts.RequestID,
-	}
-	if opts.OutputFP32 {
-		request.OutputDtype = gcmoev1.DType_FP32
-	}
+		&gcmoev1.Tensor{Dtype: gcmoev1.DType_INT32, Shape: routingShape, Region: in.IDs.reference()},
+		&gcmoev1.Tensor{Dtype: gcmoev1.DType_FP32, Shape: routingShape, Region: in.Weights.reference()},
+		opts)
 	if in.Output != nil {
 		if err := check("Output", in.Output, outputSize); err != nil {
 			return nil, err
