@@ -281,7 +281,7 @@ if has servebench; then
       --settle-ms "$SETTLE_MS" > "$OUT/servebench-$slice-layer.log" 2>&1
     note "layer-$slice" $? "$(grep -c . "$OUT/servebench-$slice-layer.log") lines"
     timeout 400 "$GCMOE" bench serve --config "$cfg" --tokens-per-rank 1,4,16,64,256 \
-      --modes unary,stream --requests 300 --warmup 30 --json "$OUT/serve-$slice.json" \
+      --modes unary,stream,registered --requests 300 --warmup 30 --json "$OUT/serve-$slice.json" \
       > "$OUT/servebench-$slice.log" 2> "$OUT/servebench-$slice.err"
     note "serve-$slice" $? "T 1..256, one call in flight"
     timeout 300 "$GCMOE" bench serve --config "$cfg" --tokens-per-rank 16 --concurrency 1,8 \
