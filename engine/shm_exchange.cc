@@ -5,7 +5,10 @@
 #include <chrono>
 #include <cstring>
 #include <new>
+#include <regex>
 #include <thread>
+
+#include <spdlog/spdlog.h>
 
 namespace gcmoe::engine {
 namespace {
@@ -44,6 +47,12 @@ Status WaitUntil(Ready ready, uint64_t generation, const WaitLimits& limits,
       }
     }
   }
+}
+
+// Segments of a service's ranks (SegmentName of an instance, which is hex) and nothing else.
+bool IsServiceSegmentName(std::string_view name) {
+  static const std::regex pattern("gcmoe-[0-9a-f]+-r[0-9]+");
+  return std::regex_match(name.begin(), name.end(), pattern);
 }
 
 }  // namespace
@@ -93,8 +102,13 @@ Result<std::unique_ptr<ShmExchange>> ShmExchange::Create(const std::string& inst
   }
   std::unique_ptr<ShmExchange> ex(new ShmExchange(instance, rank, ExchangeLayout::For(shape)));
   // A segment left behind by an earlier incarnation of this rank (killed before it could
-  // unlink) is replaced, never reused: its signals belong to another life.
+  // unlink) is replaced, never reused: its signals belong to another life. Those of services
+  // that died whole (every rank SIGKILLed) have names nobody will use again: removed too.
   shm_unlink(name.c_str());
+  for (const StaleSegment& stale : SweepStaleSharedMemory(IsServiceSegmentName)) {
+    spdlog::info("exchange: removed {} ({} bytes), left by a rank that died without removing it",
+                 stale.name, stale.bytes);
+  }
   GCMOE_ASSIGN_OR_RETURN(ex->own_, SharedMemory::Create(name, ex->layout_.total_bytes));
   void* addr = ex->own_->data();
   auto* header = new (addr) SegmentView::Header{};

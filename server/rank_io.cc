@@ -8,7 +8,10 @@
 
 #include <climits>
 #include <cstring>
+#include <regex>
 #include <thread>
+
+#include <spdlog/spdlog.h>
 
 namespace gcmoe::server {
 namespace {
@@ -52,6 +55,15 @@ RankIoLayout RankIoLayout::For(int max_tokens, int hidden, int top_k, int slots)
 }
 
 Result<std::unique_ptr<RankIo>> RankIo::Create(int rank, const RankIoLayout& layout) {
+  // A region whose rank never mapped it, of a coordinator that was killed before it could
+  // remove it: nobody will open it again.
+  static const std::regex stale_name(std::string(kNamePrefix) + "-r[0-9]+-[0-9a-f]{16}");
+  for (const StaleSegment& stale : SweepStaleSharedMemory([](std::string_view name) {
+         return std::regex_match(name.begin(), name.end(), stale_name);
+       })) {
+    spdlog::info("rank I/O: removed {} ({} bytes), left by a coordinator that died", stale.name,
+                 stale.bytes);
+  }
   const std::string prefix = std::string(kNamePrefix) + "-r" + std::to_string(rank);
   GCMOE_ASSIGN_OR_RETURN(std::unique_ptr<SharedMemory> memory,
                          SharedMemory::Create(RandomSharedMemoryName(prefix), layout.total_bytes));

@@ -1,11 +1,17 @@
 // A rank process that dies or hangs: health turns NOT_SERVING and Forward fails with
 // UNAVAILABLE within 2 s, nothing hangs, and the service serves again once the rank is back.
-// Also: a weights file the ranks cannot load stops `gcmoe serve` with a message naming the tensor.
+// Also: a weights file the ranks cannot load stops `gcmoe serve` with a message naming the tensor,
+// and a service killed whole leaves no shared memory behind once the next one starts.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <future>
+#include <regex>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -170,6 +176,64 @@ TEST(RankFailureTest, ServeRestartsARankThatDies) {
   ASSERT_EQ(stats.ranks_size(), 2);
   EXPECT_EQ(stats.ranks(1).restarts(), 1u);
   EXPECT_EQ(stats.ranks(0).restarts(), 0u);
+}
+
+// Every rank's exchange segment named in the coordinator's "attached (transport /gcmoe-...)"
+// lines.
+std::vector<std::string> AttachedSegments(const std::string& log) {
+  static const std::regex attached("attached \\(transport (/gcmoe-[0-9a-f]+-r[0-9]+)");
+  std::vector<std::string> names;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), attached);
+       it != std::sregex_iterator(); ++it) {
+    names.push_back((*it)[1]);
+  }
+  return names;
+}
+
+bool SegmentExists(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+TEST(RankFailureTest, ServiceKilledWholeLeavesNoSharedMemoryForLong) {
+  auto first = StartServe({}, "killed_whole", milliseconds(60000));
+  ASSERT_TRUE(first.has_value());
+  const std::string log = first->process->Log();
+  const std::vector<std::string> segments = AttachedSegments(log);
+  ASSERT_EQ(segments.size(), 2u) << log;
+  // SIGKILL the ranks and serve at once: nothing of theirs runs to remove anything.
+  for (const char* rank : {"started rank 0 (pid ", "started rank 1 (pid "}) {
+    const std::optional<long> pid = NumberAfter(log, rank);
+    ASSERT_TRUE(pid.has_value()) << log;
+    kill(static_cast<pid_t>(*pid), SIGKILL);
+  }
+  first->process->Signal(SIGKILL);
+  ASSERT_TRUE(first->process->Wait(milliseconds(10000)).has_value());
+  for (const std::string& name : segments) {
+    ASSERT_TRUE(SegmentExists(name)) << name << " is gone: this test no longer kills anything";
+    // As if the kill were a minute ago (a segment is swept only once it is 10 s old).
+    const int fd = shm_open(name.c_str(), O_RDWR, 0);
+    ASSERT_GE(fd, 0);
+    const timespec old[2] = {{time(nullptr) - 60, 0}, {time(nullptr) - 60, 0}};
+    ASSERT_EQ(futimens(fd, old), 0);
+    close(fd);
+  }
+  // The ranks of the dead service may take a moment to go: their locks go with them.
+  std::this_thread::sleep_for(milliseconds(200));
+
+  auto second = StartServe({}, "after_killed_whole", milliseconds(60000));
+  ASSERT_TRUE(second.has_value());
+  const std::string next_log = second->process->Log();
+  for (const std::string& name : segments) {
+    EXPECT_FALSE(SegmentExists(name)) << next_log;
+    EXPECT_NE(next_log.find("exchange: removed " + name + " ("), std::string::npos) << next_log;
+  }
+  // Its own segments are live: they stay.
+  for (const std::string& name : AttachedSegments(next_log)) EXPECT_TRUE(SegmentExists(name));
+  gcmoe::v1::ForwardResponse response;
+  EXPECT_TRUE(CallForward(second->address, 16, 2, &response).ok());
 }
 
 // Synthetic weights with one NaN planted in layer 1, expert 3's w2.
