@@ -430,50 +430,34 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
                       std::span<const int32_t>(ctx.topk_ids, static_cast<size_t>(T) * k), bm,
                       &direct_rows_host_);
 
-  // The header and tables go to pinned staging, each at a 256-byte boundary, and up from there.
-  const auto align = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
-  const size_t blocks_at = align(sizeof(header));
-  const size_t routes_at = blocks_at + align(blocks.size() * sizeof(kernels::RingBlock));
-  const size_t direct_at = routes_at + align(routes.size() * sizeof(kernels::ExpertRoute));
-  const size_t staged =
-      direct_at + (header.direct_rows ? sizeof(int32_t) * direct_rows_host_.size() : 0);
-  if (staged > staging_bytes_) {
-    // Grows rarely (the tables' size follows the step's block count). A step that failed to
-    // launch may have left a copy from the old buffer queued: wait for it before freeing.
-    if (staging_ != nullptr) {
-      cudaStreamSynchronize(graph_->stream());
-      cudaFreeHost(staging_);
-    }
-    staging_ = nullptr;
-    staging_bytes_ = 0;
-    const size_t bytes = std::max<size_t>(staged * 2, 64 << 10);
-    if (const cudaError_t e = cudaHostAlloc(&staging_, bytes, cudaHostAllocDefault);
+  // The header, the tables and the top-k ids and weights go to pinned staging laid out as the
+  // device's step inputs, and up from there in one copy (one copy per buffer cost about 3 us
+  // each); the activations go up from where they are (the rank's pinned I/O region).
+  const kernels::StepInputsLayout& layout = graph_->step_inputs_layout();
+  if (staging_ == nullptr) {
+    if (const cudaError_t e = cudaHostAlloc(&staging_, layout.total, cudaHostAllocDefault);
         e != cudaSuccess) {
-      return CudaError("pinning " + std::to_string(bytes) + " bytes for the step tables", e);
+      return CudaError("pinning " + std::to_string(layout.total) + " bytes for the step tables", e);
     }
-    staging_bytes_ = bytes;
   }
-  std::memcpy(staging_, &header, sizeof(header));
-  std::memcpy(staging_ + blocks_at, blocks.data(), blocks.size() * sizeof(kernels::RingBlock));
-  std::memcpy(staging_ + routes_at, routes.data(), routes.size() * sizeof(kernels::ExpertRoute));
+  std::memcpy(staging_ + layout.header, &header, sizeof(header));
+  std::memcpy(staging_ + layout.routes, routes.data(), routes.size() * sizeof(kernels::ExpertRoute));
+  if (T > 0) {
+    std::memcpy(staging_ + layout.topk_ids, ctx.topk_ids, sizeof(int32_t) * T * k);
+    std::memcpy(staging_ + layout.topk_weights, ctx.topk_weights, sizeof(float) * T * k);
+  }
   if (header.direct_rows) {
-    std::memcpy(staging_ + direct_at, direct_rows_host_.data(),
+    std::memcpy(staging_ + layout.direct_rows, direct_rows_host_.data(),
                 sizeof(int32_t) * direct_rows_host_.size());
   }
+  std::memcpy(staging_ + layout.blocks, blocks.data(), blocks.size() * sizeof(kernels::RingBlock));
 
   cudaStream_t s = graph_->stream();
   const size_t in_bytes = static_cast<size_t>(T) * H * DTypeBytes(ctx.hidden.dtype);
   cudaError_t err = cudaEventRecord(stage_events_[0], s);
   if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(graph_->header(), staging_, sizeof(header), cudaMemcpyHostToDevice, s);
-  }
-  if (err == cudaSuccess && !blocks.empty()) {
-    err = cudaMemcpyAsync(graph_->blocks(), staging_ + blocks_at,
-                          blocks.size() * sizeof(kernels::RingBlock), cudaMemcpyHostToDevice, s);
-  }
-  if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(graph_->routes(), staging_ + routes_at,
-                          routes.size() * sizeof(kernels::ExpertRoute), cudaMemcpyHostToDevice, s);
+    err = cudaMemcpyAsync(graph_->step_inputs(), staging_, layout.BytesWith(blocks.size()),
+                          cudaMemcpyHostToDevice, s);
   }
   if (err == cudaSuccess && T > 0) {
     err = dims_.hidden == H ? cudaMemcpyAsync(graph_->hidden_in(), ctx.hidden.data, in_bytes,
@@ -487,18 +471,6 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
                 : cudaMemcpy2DAsync(graph_->hidden_scales_in(), dims_.hidden / 32,
                                     ctx.hidden.scales, H / 32, H / 32, T, cudaMemcpyHostToDevice,
                                     s);
-    }
-    if (err == cudaSuccess) {
-      err = cudaMemcpyAsync(graph_->topk_ids(), ctx.topk_ids, sizeof(int32_t) * T * k,
-                            cudaMemcpyHostToDevice, s);
-    }
-    if (err == cudaSuccess) {
-      err = cudaMemcpyAsync(graph_->topk_weights(), ctx.topk_weights, sizeof(float) * T * k,
-                            cudaMemcpyHostToDevice, s);
-    }
-    if (err == cudaSuccess && header.direct_rows) {
-      err = cudaMemcpyAsync(graph_->direct_rows(), staging_ + direct_at,
-                            sizeof(int32_t) * direct_rows_host_.size(), cudaMemcpyHostToDevice, s);
     }
   }
   if (err == cudaSuccess && trace_role2_) err = graph_->ClearRole2Trace();

@@ -137,10 +137,9 @@ class CudaBackend final : public Backend {
   // output's copy back (StepOutput's h2d_ns, device_ns, d2h_ns).
   cudaEvent_t stage_events_[4] = {};
   std::vector<void*> registered_;  // RegisterHostMemory's pinned ranges
-  // Pinned host copy of a step's header and tables, uploaded from here: a copy from pageable
-  // memory goes through the driver's own bounce buffer, one synchronous hop per table.
+  // Pinned host mirror of the graph's step inputs (kernels::StepInputsLayout), uploaded from
+  // here in one copy: a copy from pageable memory goes through the driver's own bounce buffer.
   uint8_t* staging_ = nullptr;
-  size_t staging_bytes_ = 0;
 };
 
 }  // namespace gcmoe::engine

@@ -143,6 +143,20 @@ cudaError_t LayerGraph::Create(const LayerGraphOptions& options, std::unique_ptr
   return cudaSuccess;
 }
 
+StepInputsLayout StepInputsLayout::For(int num_experts, int capacity, int top_k, int max_blocks) {
+  const auto align = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const size_t per_token = static_cast<size_t>(capacity) * top_k * 4;
+  StepInputsLayout l;
+  l.header = 0;
+  l.routes = align(sizeof(StepHeader));
+  l.topk_ids = l.routes + align(static_cast<size_t>(num_experts) * sizeof(ExpertRoute));
+  l.topk_weights = l.topk_ids + align(per_token);
+  l.direct_rows = l.topk_weights + align(per_token);
+  l.blocks = l.direct_rows + align(per_token);
+  l.total = l.blocks + static_cast<size_t>(max_blocks) * sizeof(RingBlock);
+  return l;
+}
+
 cudaError_t LayerGraph::Allocate() {
   const LayerDims& d = options_.dims;
   const int64_t H = d.hidden;
@@ -164,14 +178,18 @@ cudaError_t LayerGraph::Allocate() {
       *ptr = static_cast<std::remove_reference_t<decltype(*ptr)>>(p);
     }
   };
-  alloc(&header_, sizeof(StepHeader));
-  alloc(&blocks_, static_cast<int64_t>(max_blocks8) * sizeof(RingBlock));
-  alloc(&routes_, static_cast<int64_t>(d.num_experts) * sizeof(ExpertRoute));
+  inputs_layout_ = StepInputsLayout::For(d.num_experts, static_cast<int>(cap),
+                                         static_cast<int>(k), max_blocks8);
+  alloc(&step_inputs_, static_cast<int64_t>(inputs_layout_.total));
+  if (err != cudaSuccess) return err;
+  header_ = reinterpret_cast<StepHeader*>(step_inputs_ + inputs_layout_.header);
+  routes_ = reinterpret_cast<ExpertRoute*>(step_inputs_ + inputs_layout_.routes);
+  topk_ids_ = reinterpret_cast<int32_t*>(step_inputs_ + inputs_layout_.topk_ids);
+  topk_weights_ = reinterpret_cast<float*>(step_inputs_ + inputs_layout_.topk_weights);
+  direct_rows_ = reinterpret_cast<int32_t*>(step_inputs_ + inputs_layout_.direct_rows);
+  blocks_ = reinterpret_cast<RingBlock*>(step_inputs_ + inputs_layout_.blocks);
   alloc(&hidden_in_, cap * H * 4);
   alloc(&hidden_scales_in_, cap * H / 32);
-  alloc(&topk_ids_, cap * k * 4);
-  alloc(&topk_weights_, cap * k * 4);
-  alloc(&direct_rows_, cap * k * 4);
   // The exchange region: what peers read or write, at offsets fixed by the dimensions. Scale
   // rows are read in aligned 16-byte windows (the streaming role2): 16 bytes of slack.
   const int64_t exchange_parts[] = {cap_rows * H, cap_rows * H / 32 + 16,

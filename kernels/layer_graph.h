@@ -39,6 +39,27 @@ namespace gcmoe::kernels {
 // Index of a block size in kBlockSizes, or -1.
 int BlockSizeIndex(int bm);
 
+// The step's small inputs in one device allocation at offsets fixed by the dimensions (each
+// 256-byte aligned), mirrored by the host's staging buffer, so that a step sends them up in one
+// copy instead of one each: the header, the routes, the top-k ids, weights and direct rows
+// (the capacity's rows, used or not: 12 k bytes per token of capacity, 24 KiB at 256 tokens and
+// top-8), then the blocks, whose count varies, last.
+struct StepInputsLayout {
+  size_t header = 0;
+  size_t routes = 0;        // [E] ExpertRoute
+  size_t topk_ids = 0;      // [capacity, k] int32
+  size_t topk_weights = 0;  // [capacity, k] float
+  size_t direct_rows = 0;   // [capacity, k] int32
+  size_t blocks = 0;        // [max_blocks(8)] RingBlock
+  size_t total = 0;
+
+  static StepInputsLayout For(int num_experts, int capacity, int top_k, int max_blocks);
+  // What a step with `num_blocks` blocks copies up: everything before the blocks, and its own.
+  size_t BytesWith(int64_t num_blocks) const {
+    return blocks + static_cast<size_t>(num_blocks) * sizeof(RingBlock);
+  }
+};
+
 struct LayerGraphOptions {
   LayerDims dims;
   int device = 0;
@@ -82,7 +103,10 @@ class LayerGraph {
   int role3_grid() const { return role3_grid_; }
   const Role2Shape& role2_shape(int bm) const { return role2_shape_[BlockSizeIndex(bm)]; }
 
-  // Device buffers the host fills before a replay (on stream()).
+  // Device buffers the host fills before a replay (on stream()). All but the activations lie
+  // in step_inputs(), laid out as step_inputs_layout() says.
+  uint8_t* step_inputs() const { return step_inputs_; }
+  const StepInputsLayout& step_inputs_layout() const { return inputs_layout_; }
   StepHeader* header() const { return header_; }
   RingBlock* blocks() const { return blocks_; }                    // [max_blocks(8)]
   ExpertRoute* routes() const { return routes_; }                  // [E]
@@ -167,6 +191,8 @@ class LayerGraph {
   size_t exchange_bytes_ = 0;
   PeerTable peers_{};
 
+  uint8_t* step_inputs_ = nullptr;
+  StepInputsLayout inputs_layout_;
   StepHeader* header_ = nullptr;
   RingBlock* blocks_ = nullptr;
   ExpertRoute* routes_ = nullptr;
