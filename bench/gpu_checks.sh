@@ -284,14 +284,20 @@ if has servebench; then
       --modes unary,stream,registered --requests 300 --warmup 30 --json "$OUT/serve-$slice.json" \
       > "$OUT/servebench-$slice.log" 2> "$OUT/servebench-$slice.err"
     note "serve-$slice" $? "T 1..256, one call in flight"
-    timeout 300 "$GCMOE" bench serve --config "$cfg" --tokens-per-rank 16 --concurrency 1,8 \
-      --requests 400 --warmup 40 --json "$OUT/serve-$slice-c8.json" \
-      >> "$OUT/servebench-$slice.log" 2>> "$OUT/servebench-$slice.err"
-    note "serve-$slice-c8" $? "T 16, 8 callers"
-    timeout 300 "$GCMOE" bench serve --config "$cfg" --tokens-per-rank 4 --concurrency 1,32 \
-      --requests 800 --warmup 64 --json "$OUT/serve-$slice-c32.json" \
-      >> "$OUT/servebench-$slice.log" 2>> "$OUT/servebench-$slice.err"
-    note "serve-$slice-c32" $? "T 4, 32 callers"
+    # Concurrent callers over one connection and over eight (a connection's calls share one
+    # HTTP/2 transport on each side).
+    for conns in 1 8; do
+      timeout 300 "$GCMOE" bench serve --config "$cfg" --tokens-per-rank 16 --concurrency 1,8 \
+        --connections $conns --requests 400 --warmup 40 \
+        --json "$OUT/serve-$slice-c8-n$conns.json" \
+        >> "$OUT/servebench-$slice.log" 2>> "$OUT/servebench-$slice.err"
+      note "serve-$slice-c8-n$conns" $? "T 16, 8 callers, $conns connection(s)"
+      timeout 300 "$GCMOE" bench serve --config "$cfg" --tokens-per-rank 4 --concurrency 1,32 \
+        --connections $conns --requests 800 --warmup 64 \
+        --json "$OUT/serve-$slice-c32-n$conns.json" \
+        >> "$OUT/servebench-$slice.log" 2>> "$OUT/servebench-$slice.err"
+      note "serve-$slice-c32-n$conns" $? "T 4, 32 callers, $conns connection(s)"
+    done
     cat "$OUT/servebench-$slice-layer.log" "$OUT/servebench-$slice.log"
   done
 fi

@@ -135,10 +135,12 @@ Result<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& addr, int 
                                                                  std::move(factories));
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& addr, int max_message_bytes) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& addr, int max_message_bytes,
+                                           bool own_connection) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
+  if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args);
 }
 

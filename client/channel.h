@@ -35,8 +35,10 @@ void AddConnectionFlags(Flags* flags, ConnectionOptions* options);
 // when a token file is given. An unreadable file is INVALID_ARGUMENT naming its flag.
 Result<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& addr, int max_message_bytes,
                                                    const ConnectionOptions& options);
-// Plaintext, no token.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& addr, int max_message_bytes);
+// Plaintext, no token. gRPC shares one connection among the channels a process opens to the
+// same address; with own_connection a channel opens its own.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& addr, int max_message_bytes,
+                                           bool own_connection = false);
 
 // A deadline `ms` from now, for ClientContext::set_deadline.
 inline std::chrono::system_clock::time_point DeadlineIn(int ms) {

@@ -56,6 +56,7 @@ struct Options {
   std::string addr;
   std::string tokens = "1,4,16,64,256";
   std::string concurrency = "1";
+  int connections = 1;
   std::string modes = "unary";
   std::string dtype = "bf16";
   int requests = 200;
@@ -190,6 +191,7 @@ struct Row {
   int tokens_per_rank = 0;
   int tokens = 0;
   int concurrency = 0;
+  int connections = 1;
   std::string mode;
   double echo_p50 = NAN;
   double forward_p50 = 0, forward_p99 = 0, engine_p50 = 0, overhead_pct = NAN;
@@ -241,6 +243,9 @@ int RunBenchServe(int argc, char** argv) {
   flags.String("addr", &o.addr, "measure the service at this address instead of starting one");
   flags.String("tokens-per-rank", &o.tokens, "token counts per rank, e.g. 1,4,16,64,256");
   flags.String("concurrency", &o.concurrency, "numbers of concurrent callers, e.g. 1,8,32");
+  flags.Int("connections", &o.connections,
+            "TCP connections the callers share, caller i on connection i % N (a connection's "
+            "calls go through one HTTP/2 transport on each side)");
   flags.String("modes", &o.modes,
                "unary, stream (ForwardStream per caller), registered (tensors in registered "
                "shared memory), or a comma-separated list");
@@ -277,8 +282,20 @@ int RunBenchServe(int argc, char** argv) {
     }
     addr = *started;
   }
-  auto channel = client::MakeChannel(addr, client::kDefaultMaxMessageBytes);
-  auto stub = v1::MoeService::NewStub(channel);
+  if (o.connections < 1 || o.connections > 256) {
+    std::fprintf(stderr, "gcmoe bench serve: --connections: expected 1 to 256, got %d\n",
+                 o.connections);
+    return 2;
+  }
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::unique_ptr<v1::MoeService::Stub>> stubs;
+  for (int i = 0; i < o.connections; ++i) {
+    channels.push_back(
+        client::MakeChannel(addr, client::kDefaultMaxMessageBytes, /*own_connection=*/true));
+    stubs.push_back(v1::MoeService::NewStub(channels.back()));
+  }
+  const std::shared_ptr<grpc::Channel>& channel = channels.front();
+  const std::unique_ptr<v1::MoeService::Stub>& stub = stubs.front();
   v1::ModelInfo info;
   {
     grpc::ClientContext context;
@@ -339,7 +356,8 @@ int RunBenchServe(int argc, char** argv) {
         grpc::ClientContext context;
         context.set_deadline(client::DeadlineIn(o.timeout_ms));
         response.Clear();
-        const grpc::Status s = stub->Echo(&context, requests[w % requests.size()], &response);
+        const grpc::Status s =
+            stubs[w % stubs.size()]->Echo(&context, requests[w % requests.size()], &response);
         if (!s.ok()) *error = client::GrpcCodeName(s.error_code()) + ": " + s.error_message();
         return s.ok();
       };
@@ -381,7 +399,7 @@ int RunBenchServe(int argc, char** argv) {
         if (mode == "stream") {
           for (int w = 0; w < c; ++w) {
             auto s = std::make_unique<Streamer>();
-            s->stream = stub->ForwardStream(&s->context);
+            s->stream = stubs[w % stubs.size()]->ForwardStream(&s->context);
             streams.push_back(std::move(s));
           }
         }
@@ -406,7 +424,7 @@ int RunBenchServe(int argc, char** argv) {
           grpc::ClientContext context;
           context.set_deadline(client::DeadlineIn(o.timeout_ms));
           v1::ForwardResponse response;
-          const grpc::Status s = stub->Forward(&context, request, &response);
+          const grpc::Status s = stubs[w % stubs.size()]->Forward(&context, request, &response);
           if (!s.ok()) {
             *error = client::GrpcCodeName(s.error_code()) + ": " + s.error_message();
             return false;
@@ -424,6 +442,7 @@ int RunBenchServe(int argc, char** argv) {
         row.tokens_per_rank = per_rank;
         row.tokens = T;
         row.concurrency = c;
+        row.connections = o.connections;
         row.mode = mode;
         row.errors = run.errors;
         if (run.samples.empty()) {
@@ -479,6 +498,7 @@ int RunBenchServe(int argc, char** argv) {
       j["tokens_per_rank"] = r.tokens_per_rank;
       j["tokens"] = r.tokens;
       j["concurrency"] = r.concurrency;
+      j["connections"] = r.connections;
       j["mode"] = r.mode;
       j["echo_p50_us"] = NumberOrNull(r.echo_p50);
       j["forward_p50_us"] = r.forward_p50;
