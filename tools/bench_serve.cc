@@ -260,6 +260,11 @@ int RunBenchServe(int argc, char** argv) {
       !ParseList("concurrency", o.concurrency, &concurrency_list)) {
     return 2;
   }
+  if (o.connections < 1 || o.connections > 256) {
+    std::fprintf(stderr, "gcmoe bench serve: --connections: expected 1 to 256, got %d\n",
+                 o.connections);
+    return 2;
+  }
   const bool unary = o.modes.find("unary") != std::string::npos;
   const bool stream = o.modes.find("stream") != std::string::npos;
   const bool registered = o.modes.find("registered") != std::string::npos;
@@ -281,11 +286,6 @@ int RunBenchServe(int argc, char** argv) {
       return 1;
     }
     addr = *started;
-  }
-  if (o.connections < 1 || o.connections > 256) {
-    std::fprintf(stderr, "gcmoe bench serve: --connections: expected 1 to 256, got %d\n",
-                 o.connections);
-    return 2;
   }
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<std::unique_ptr<v1::MoeService::Stub>> stubs;
