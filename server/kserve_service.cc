@@ -97,7 +97,8 @@ grpc::Status KServeServiceImpl::ModelInfer(grpc::ServerContext* context,
     return ToGrpcStatus(status);
   }
   gcmoe::v1::ForwardResponse forward_response;
-  grpc::Status forward_status = moe_service_->Forward(context, &forward, &forward_response);
+  grpc::Status forward_status =
+      moe_service_->ForwardAuthenticated(context, &forward, &forward_response);
   if (!forward_status.ok()) return forward_status;
   ToInferResponse(*request, forward_response, response);
   return grpc::Status::OK;

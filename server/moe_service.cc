@@ -72,17 +72,24 @@ grpc::Status MoeServiceImpl::Authenticate(const grpc::ServerContext& context) co
 grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
                                      const gcmoe::v1::ForwardRequest* request,
                                      gcmoe::v1::ForwardResponse* response) {
+  if (grpc::Status status = Authenticate(*context); !status.ok()) {
+    metrics_->RecordCall("Forward", GrpcCodeName(status), 0.0);
+    return status;
+  }
+  return ForwardAuthenticated(context, request, response);
+}
+
+grpc::Status MoeServiceImpl::ForwardAuthenticated(grpc::ServerContext* context,
+                                                  const gcmoe::v1::ForwardRequest* request,
+                                                  gcmoe::v1::ForwardResponse* response) {
   const auto start = std::chrono::steady_clock::now();
   metrics_->CallStarted();
-  grpc::Status status = Authenticate(*context);
-  if (status.ok()) {
-    std::string request_id;
-    status = ToGrpcStatus(
-        RunForward(context, *request, RequestIdHeader(*context), &request_id, response));
-    // The id the call is logged under goes back in the response metadata, failures included.
-    if (!request_id.empty()) {
-      context->AddInitialMetadata(kRequestIdHeader, RequestIdHeaderValue(request_id));
-    }
+  std::string request_id;
+  const grpc::Status status =
+      ToGrpcStatus(RunForward(context, *request, RequestIdHeader(*context), &request_id, response));
+  // The id the call is logged under goes back in the response metadata, failures included.
+  if (!request_id.empty()) {
+    context->AddInitialMetadata(kRequestIdHeader, RequestIdHeaderValue(request_id));
   }
   metrics_->CallFinished();
   metrics_->RecordCall("Forward", GrpcCodeName(status), SecondsSince(start));

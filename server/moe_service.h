@@ -53,6 +53,11 @@ class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
   // Registrations made with a bearer token belong to it; without tokens there is one owner.
   std::string RegistrationOwner(const grpc::ServerContext& context) const;
 
+  // Forward for a caller another service of the port (KServe's ModelInfer) has authenticated.
+  grpc::Status ForwardAuthenticated(grpc::ServerContext* context,
+                                    const gcmoe::v1::ForwardRequest* request,
+                                    gcmoe::v1::ForwardResponse* response);
+
  private:
   // One Forward, for the unary call and for each message of a stream: request id, validation,
   // the coordinator, the output check, stats, metrics and logs. The call's id (the request_id
