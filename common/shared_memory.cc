@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -75,8 +76,8 @@ SharedMemory::~SharedMemory() {
   }
 }
 
-std::vector<StaleSegment> SweepStaleSharedMemory(const std::function<bool(std::string_view)>& matches,
-                                                 std::chrono::seconds min_age) {
+std::vector<StaleSegment> SweepStaleSharedMemory(
+    const std::function<bool(std::string_view)>& matches, std::chrono::seconds min_age) {
   std::vector<StaleSegment> removed;
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return removed;
@@ -97,6 +98,17 @@ std::vector<StaleSegment> SweepStaleSharedMemory(const std::function<bool(std::s
   }
   closedir(dir);
   return removed;
+}
+
+bool IsLowerHex(std::string_view text) {
+  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  });
+}
+
+bool IsDecimal(std::string_view text) {
+  return !text.empty() &&
+         std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 std::string RandomSharedMemoryName(const std::string& prefix) {

@@ -65,4 +65,8 @@ std::vector<StaleSegment> SweepStaleSharedMemory(
 // "/<prefix>-<16 random hex digits>": a name no other process can predict.
 std::string RandomSharedMemoryName(const std::string& prefix);
 
+// Parts of segment names: one or more lowercase hex digits / decimal digits.
+bool IsLowerHex(std::string_view text);
+bool IsDecimal(std::string_view text);
+
 }  // namespace gcmoe

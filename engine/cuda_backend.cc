@@ -441,7 +441,8 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
     }
   }
   std::memcpy(staging_ + layout.header, &header, sizeof(header));
-  std::memcpy(staging_ + layout.routes, routes.data(), routes.size() * sizeof(kernels::ExpertRoute));
+  std::memcpy(staging_ + layout.routes, routes.data(),
+              routes.size() * sizeof(kernels::ExpertRoute));
   if (T > 0) {
     std::memcpy(staging_ + layout.topk_ids, ctx.topk_ids, sizeof(int32_t) * T * k);
     std::memcpy(staging_ + layout.topk_weights, ctx.topk_weights, sizeof(float) * T * k);

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstring>
 #include <new>
-#include <regex>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -49,10 +48,15 @@ Status WaitUntil(Ready ready, uint64_t generation, const WaitLimits& limits,
   }
 }
 
-// Segments of a service's ranks (SegmentName of an instance, which is hex) and nothing else.
+// Segments of a service's ranks, "gcmoe-<hex>-r<digits>" (SegmentName of an instance, which
+// is hex), and nothing else.
 bool IsServiceSegmentName(std::string_view name) {
-  static const std::regex pattern("gcmoe-[0-9a-f]+-r[0-9]+");
-  return std::regex_match(name.begin(), name.end(), pattern);
+  constexpr std::string_view kPrefix = "gcmoe-";
+  if (name.substr(0, kPrefix.size()) != kPrefix) return false;
+  name.remove_prefix(kPrefix.size());
+  const size_t rank_at = name.find("-r");
+  return rank_at != std::string_view::npos && IsLowerHex(name.substr(0, rank_at)) &&
+         IsDecimal(name.substr(rank_at + 2));
 }
 
 }  // namespace

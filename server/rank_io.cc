@@ -8,13 +8,22 @@
 
 #include <climits>
 #include <cstring>
-#include <regex>
 #include <thread>
 
 #include <spdlog/spdlog.h>
 
 namespace gcmoe::server {
 namespace {
+
+// A region's name without its '/': "gcmoe-io-r<digits>-<16 hex digits>" (Create's names).
+bool IsRegionName(std::string_view name) {
+  const std::string prefix = std::string(RankIo::kNamePrefix) + "-r";
+  if (name.substr(0, prefix.size()) != prefix) return false;
+  name.remove_prefix(prefix.size());
+  const size_t dash = name.find('-');
+  return dash != std::string_view::npos && IsDecimal(name.substr(0, dash)) &&
+         name.size() - dash - 1 == 16 && IsLowerHex(name.substr(dash + 1));
+}
 
 size_t Pages(size_t bytes) {
   constexpr size_t kPage = 4096;
@@ -57,10 +66,7 @@ RankIoLayout RankIoLayout::For(int max_tokens, int hidden, int top_k, int slots)
 Result<std::unique_ptr<RankIo>> RankIo::Create(int rank, const RankIoLayout& layout) {
   // A region whose rank never mapped it, of a coordinator that was killed before it could
   // remove it: nobody will open it again.
-  static const std::regex stale_name(std::string(kNamePrefix) + "-r[0-9]+-[0-9a-f]{16}");
-  for (const StaleSegment& stale : SweepStaleSharedMemory([](std::string_view name) {
-         return std::regex_match(name.begin(), name.end(), stale_name);
-       })) {
+  for (const StaleSegment& stale : SweepStaleSharedMemory(IsRegionName)) {
     spdlog::info("rank I/O: removed {} ({} bytes), left by a coordinator that died", stale.name,
                  stale.bytes);
   }

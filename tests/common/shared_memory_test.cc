@@ -56,9 +56,7 @@ void Age(const std::string& name, seconds age) {
 
 class SweepTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    base_ = RandomSharedMemoryName("gcmoe_sweep_test").substr(1);
-  }
+  void SetUp() override { base_ = RandomSharedMemoryName("gcmoe_sweep_test").substr(1); }
   void TearDown() override {
     for (const std::string& name : made_) shm_unlink(name.c_str());
   }
@@ -94,8 +92,7 @@ TEST_F(SweepTest, RemovesOnlySegmentsWhoseOwnerDied) {
   Age(live, seconds(60));
 
   std::vector<StaleSegment> removed = SweepStaleSharedMemory(
-      [this](std::string_view name) { return name.substr(0, base_.size()) == base_; },
-      seconds(10));
+      [this](std::string_view name) { return name.substr(0, base_.size()) == base_; }, seconds(10));
   ASSERT_EQ(removed.size(), 1u);
   EXPECT_EQ(removed[0].name, dead);
   EXPECT_EQ(removed[0].bytes, size_t{1} << 20);

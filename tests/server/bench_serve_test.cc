@@ -20,8 +20,8 @@ namespace {
 TEST(BenchServe, EveryRowOfEveryModeOverSeveralConnections) {
   const std::string json_path = TempPath("bench_serve.json");
   std::remove(json_path.c_str());
-  auto bench = Process::Start({"bench", "serve", "--tokens-per-rank", "1,3", "--concurrency",
-                               "1,4", "--connections", "2", "--modes", "unary,stream,registered",
+  auto bench = Process::Start({"bench", "serve", "--tokens-per-rank", "1,3", "--concurrency", "1,4",
+                               "--connections", "2", "--modes", "unary,stream,registered",
                                "--requests", "24", "--warmup", "4", "--json", json_path},
                               TempPath("bench_serve.log"));
   const std::optional<int> status = bench->Wait(milliseconds(240000));
@@ -69,8 +69,7 @@ TEST(BenchServe, BadFlagsAreRefusedBeforeAServiceStarts) {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"bench", "serve", "--connections", "0"},
         std::vector<std::string>{"bench", "serve", "--concurrency", "two"}}) {
-    auto bench =
-        Process::Start(args, TempPath("bench_serve_bad" + std::to_string(run++) + ".log"));
+    auto bench = Process::Start(args, TempPath("bench_serve_bad" + std::to_string(run++) + ".log"));
     const std::optional<int> status = bench->Wait(milliseconds(30000));
     ASSERT_TRUE(status.has_value());
     EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2) << bench->Log();
