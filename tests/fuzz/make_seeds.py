@@ -8,7 +8,8 @@ file formats can remake them. Each seed is a small valid input (the fuzzer reach
 checks by mutating valid inputs) or one that fails exactly one check:
   forward_request: serialized ForwardRequests for the embedded default model (H=256, E=16,
                    top-4, 2 layers): BF16, FP32 and FP8 hidden, unused slots, and one each with
-                   a NaN, a repeated expert and a wrong shape.
+                   a NaN, a repeated expert and a wrong shape; tensors and output in the fuzz
+                   target's registration, and references past its end or to no registration.
   config:          the examples, the embedded default as `gcmoe config show` prints it (every
                    key), and configs with a misspelled key, a wrong type and an override.
   safetensors:     `gcmoe weights export` files of the fuzz target's small model (H=32, I=32,
@@ -80,6 +81,34 @@ def forward_seeds(pb):
     shape = request(1)
     shape.topk_ids.shape[1] = k + 1
     write("forward_request", "bad_ids_shape", shape.SerializeToString())
+
+    # The fuzz target's registration "fuzz" (forward_request_fuzz.cc): BF16 activations at 0,
+    # ids at 16 KiB, weights at 20 KiB, room for the output at 24 KiB.
+    def region(offset, size):
+        return pb.TensorRegion(region="fuzz", offset=offset, byte_size=size)
+
+    def from_region(T, output=pb.BF16):
+        r = pb.ForwardRequest(layer=0, output_dtype=output, request_id=f"region-{T}")
+        r.hidden.CopyFrom(pb.Tensor(dtype=pb.BF16, shape=[T, H], region=region(0, T * H * 2)))
+        r.topk_ids.CopyFrom(pb.Tensor(dtype=pb.INT32, shape=[T, k],
+                                      region=region(16 << 10, T * k * 4)))
+        r.topk_weights.CopyFrom(pb.Tensor(dtype=pb.FP32, shape=[T, k],
+                                          region=region(20 << 10, T * k * 4)))
+        r.output_region.CopyFrom(region(24 << 10, T * H * (4 if output == pb.FP32 else 2)))
+        return r
+
+    write("forward_request", "region_bf16_t2", from_region(2).SerializeToString())
+    write("forward_request", "region_t5_fp32_out", from_region(5, pb.FP32).SerializeToString())
+    mixed = request(3)
+    mixed.hidden.ClearField("data")
+    mixed.hidden.region.CopyFrom(region(0, 3 * H * 2))
+    write("forward_request", "region_hidden_inline_routing", mixed.SerializeToString())
+    beyond = from_region(1)
+    beyond.topk_weights.region.offset = (64 << 10) - 8
+    write("forward_request", "bad_region_past_the_end", beyond.SerializeToString())
+    unknown = from_region(1)
+    unknown.topk_ids.region.region = "nothing"
+    write("forward_request", "bad_region_unknown", unknown.SerializeToString())
 
 
 def config_seeds(gcmoe):
