@@ -174,8 +174,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ValidatedForward validated;
   ForwardBytes bytes;
   std::vector<std::shared_ptr<const void>> keep_alive;
-  gcmoe::Status status = gcmoe::server::ResolveForwardBytes(request, &Registered().registry, "",
-                                                            &bytes, &keep_alive);
+  gcmoe::Status status =
+      gcmoe::server::ResolveForwardBytes(request, &Registered().registry, "", &bytes, &keep_alive);
   if (status.ok()) status = gcmoe::server::ValidateForward(request, bytes, limits, &validated);
   if (status.ok()) {
     CheckAccepted(request, limits, bytes, validated);
