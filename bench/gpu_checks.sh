@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of the CUDA backend, run on the GPU machine from a bundle of build/gcmoe and
-# build/tests/kernels/* with the shared libraries they need (BUNDLE/bin, BUNDLE/lib):
+# build/tests/kernels/* with the shared libraries they need (BUNDLE/bin, BUNDLE/lib; the serve
+# stage's checkpoint families also want the Python stubs in BUNDLE/stubs):
 #
 #   bench/gpu_checks.sh [STAGE...]     stages: sass ctest sanitizer bench peer serve ablate ab
 #                                      ncu source roles servebench multi ep race trace
@@ -269,6 +270,18 @@ if has serve; then
   rc=$?
   tail -6 "$OUT/serve.log"
   note serve "$rc" "$(tail -1 "$OUT/serve.log")"
+  # The checkpoint families (gpt-oss, Qwen3-MoE, Mixtral, DeepSeek-V3) served on the GPU against
+  # their float64 references: needs the Python stubs in BUNDLE/stubs (copied from
+  # build/proto/python) and a python3 with grpc and numpy.
+  if [[ -d $BUNDLE/stubs ]]; then
+    timeout 300 python3 tests/server/hf_checkpoint_test.py --gcmoe "$GCMOE" \
+      --stubs "$BUNDLE/stubs" --backend cuda ServeFamiliesTest > "$OUT/families.log" 2>&1
+    rc=$?
+    tail -3 "$OUT/families.log"
+    note families "$rc" "$(grep -E '^(OK|FAILED)' "$OUT/families.log" | tail -1)"
+  else
+    note families skip "no $BUNDLE/stubs: copy build/proto/python there"
+  fi
 fi
 
 # The service against its engine, both GPU slices: `bench layer` and `bench serve` in one call
