@@ -225,10 +225,9 @@ TEST(RankFailureTest, ServiceKilledWholeLeavesNoSharedMemoryForLong) {
   auto second = StartServe({}, "after_killed_whole", milliseconds(60000));
   ASSERT_TRUE(second.has_value());
   const std::string next_log = second->process->Log();
-  for (const std::string& name : segments) {
-    EXPECT_FALSE(SegmentExists(name)) << next_log;
-    EXPECT_NE(next_log.find("exchange: removed " + name + " ("), std::string::npos) << next_log;
-  }
+  // Gone. The next service's ranks remove them and log it, unless a service that other tests
+  // start at the same moment got there first: so the log line is not required.
+  for (const std::string& name : segments) EXPECT_FALSE(SegmentExists(name)) << next_log;
   // Its own segments are live: they stay.
   for (const std::string& name : AttachedSegments(next_log)) EXPECT_TRUE(SegmentExists(name));
   gcmoe::v1::ForwardResponse response;
