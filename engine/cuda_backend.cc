@@ -156,6 +156,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
     err = cudaEventCreate(&event);
     if (err != cudaSuccess) return CudaError("creating the stage timing events", err);
   }
+  const size_t staging_bytes = backend->graph_->step_inputs_layout().total;
+  err = cudaHostAlloc(&backend->staging_, staging_bytes, cudaHostAllocDefault);
+  if (err != cudaSuccess) {
+    return CudaError("pinning " + std::to_string(staging_bytes) + " bytes for the step tables",
+                     err);
+  }
   return backend;
 }
 
@@ -434,12 +440,6 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   // device's step inputs, and up from there in one copy (one copy per buffer cost about 3 us
   // each); the activations go up from where they are (the rank's pinned I/O region).
   const kernels::StepInputsLayout& layout = graph_->step_inputs_layout();
-  if (staging_ == nullptr) {
-    if (const cudaError_t e = cudaHostAlloc(&staging_, layout.total, cudaHostAllocDefault);
-        e != cudaSuccess) {
-      return CudaError("pinning " + std::to_string(layout.total) + " bytes for the step tables", e);
-    }
-  }
   std::memcpy(staging_ + layout.header, &header, sizeof(header));
   std::memcpy(staging_ + layout.routes, routes.data(),
               routes.size() * sizeof(kernels::ExpertRoute));
