@@ -191,7 +191,6 @@ struct Row {
   int tokens_per_rank = 0;
   int tokens = 0;
   int concurrency = 0;
-  int connections = 1;
   std::string mode;
   double echo_p50 = NAN;
   double forward_p50 = 0, forward_p99 = 0, engine_p50 = 0, overhead_pct = NAN;
@@ -442,7 +441,6 @@ int RunBenchServe(int argc, char** argv) {
         row.tokens_per_rank = per_rank;
         row.tokens = T;
         row.concurrency = c;
-        row.connections = o.connections;
         row.mode = mode;
         row.errors = run.errors;
         if (run.samples.empty()) {
@@ -498,7 +496,7 @@ int RunBenchServe(int argc, char** argv) {
       j["tokens_per_rank"] = r.tokens_per_rank;
       j["tokens"] = r.tokens;
       j["concurrency"] = r.concurrency;
-      j["connections"] = r.connections;
+      j["connections"] = o.connections;
       j["mode"] = r.mode;
       j["echo_p50_us"] = NumberOrNull(r.echo_p50);
       j["forward_p50_us"] = r.forward_p50;
