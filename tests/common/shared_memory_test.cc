@@ -3,12 +3,7 @@
 // segments, and never a live owner's, a fresh one's, or one of another name.
 #include "common/shared_memory.h"
 
-#include <fcntl.h>
-#include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <set>
@@ -17,42 +12,15 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/common/stale_segments.h"
+
 namespace gcmoe {
 namespace {
 
 using std::chrono::seconds;
-
-bool Exists(const std::string& name) {
-  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
-  if (fd < 0) return false;
-  close(fd);
-  return true;
-}
-
-// Creates `name` in a child process that is then SIGKILLed; returns once the child is gone.
-void CreateInProcessThatIsKilled(const std::string& name, size_t bytes) {
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    Result<std::unique_ptr<SharedMemory>> memory = SharedMemory::Create(name, bytes);
-    if (!memory.ok()) _exit(3);
-    (*memory)->data()[0] = 1;
-    raise(SIGKILL);
-    _exit(4);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "child status " << status;
-}
-
-// Sets the segment's modification time `age` into the past.
-void Age(const std::string& name, seconds age) {
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
-  ASSERT_GE(fd, 0);
-  const timespec times[2] = {{time(nullptr) - age.count(), 0}, {time(nullptr) - age.count(), 0}};
-  ASSERT_EQ(futimens(fd, times), 0);
-  close(fd);
-}
+using testing::AgeSegment;
+using testing::LeaveSegmentOfKilledProcess;
+using testing::SegmentExists;
 
 class SweepTest : public ::testing::Test {
  protected:
@@ -65,11 +33,11 @@ class SweepTest : public ::testing::Test {
     return made_.back();
   }
   // Only this test's names: other tests (and services) may run beside it.
+  bool Ours(std::string_view name) const { return name.substr(0, base_.size()) == base_; }
   std::set<std::string> Sweep(seconds min_age) {
     std::set<std::string> removed;
-    for (const StaleSegment& s : SweepStaleSharedMemory(
-             [this](std::string_view name) { return name.substr(0, base_.size()) == base_; },
-             min_age)) {
+    for (const StaleSegment& s :
+         SweepStaleSharedMemory([this](std::string_view name) { return Ours(name); }, min_age)) {
       removed.insert(s.name);
     }
     return removed;
@@ -83,36 +51,36 @@ TEST_F(SweepTest, RemovesOnlySegmentsWhoseOwnerDied) {
   const std::string dead = Name("dead");
   const std::string fresh = Name("fresh");
   const std::string live = Name("live");
-  CreateInProcessThatIsKilled(dead, 1 << 20);
-  CreateInProcessThatIsKilled(fresh, 4096);
-  ASSERT_TRUE(Exists(dead));  // the kill left it behind
-  Age(dead, seconds(60));
+  LeaveSegmentOfKilledProcess(dead, 1 << 20);
+  LeaveSegmentOfKilledProcess(fresh, 4096);
+  ASSERT_TRUE(SegmentExists(dead));  // the kill left it behind
+  AgeSegment(dead, seconds(60));
   Result<std::unique_ptr<SharedMemory>> owned = SharedMemory::Create(live, 4096);
   ASSERT_TRUE(owned.ok()) << owned.status().ToString();
-  Age(live, seconds(60));
+  AgeSegment(live, seconds(60));
 
-  std::vector<StaleSegment> removed = SweepStaleSharedMemory(
-      [this](std::string_view name) { return name.substr(0, base_.size()) == base_; }, seconds(10));
+  std::vector<StaleSegment> removed =
+      SweepStaleSharedMemory([this](std::string_view name) { return Ours(name); }, seconds(10));
   ASSERT_EQ(removed.size(), 1u);
   EXPECT_EQ(removed[0].name, dead);
   EXPECT_EQ(removed[0].bytes, size_t{1} << 20);
-  EXPECT_FALSE(Exists(dead));
-  EXPECT_TRUE(Exists(fresh)) << "a segment younger than min_age may be just being created";
-  EXPECT_TRUE(Exists(live)) << "its owner holds the lock";
+  EXPECT_FALSE(SegmentExists(dead));
+  EXPECT_TRUE(SegmentExists(fresh)) << "a segment younger than min_age may be just being created";
+  EXPECT_TRUE(SegmentExists(live)) << "its owner holds the lock";
 
   // Once old enough the fresh one goes too; the live one stays while its owner lives, and its
   // owner still removes it itself.
   EXPECT_EQ(Sweep(seconds(0)), std::set<std::string>{fresh});
-  EXPECT_TRUE(Exists(live));
+  EXPECT_TRUE(SegmentExists(live));
   owned->reset();
-  EXPECT_FALSE(Exists(live));
+  EXPECT_FALSE(SegmentExists(live));
 }
 
 TEST_F(SweepTest, LeavesOtherNamesAlone) {
   const std::string dead = Name("dead");
-  CreateInProcessThatIsKilled(dead, 4096);
+  LeaveSegmentOfKilledProcess(dead, 4096);
   EXPECT_TRUE(SweepStaleSharedMemory([](std::string_view) { return false; }, seconds(0)).empty());
-  EXPECT_TRUE(Exists(dead));
+  EXPECT_TRUE(SegmentExists(dead));
   EXPECT_EQ(Sweep(seconds(0)), std::set<std::string>{dead});
 }
 
@@ -120,7 +88,7 @@ TEST_F(SweepTest, OpeningDoesNotTakeTheOwnersPlace) {
   // A peer that maps the segment holds no lock: once the owner dies the segment is stale even
   // while the peer still has it mapped.
   const std::string name = Name("peer");
-  CreateInProcessThatIsKilled(name, 8192);
+  LeaveSegmentOfKilledProcess(name, 8192);
   Result<std::unique_ptr<SharedMemory>> peer = SharedMemory::Open(name, 8192);
   ASSERT_TRUE(peer.ok()) << peer.status().ToString();
   EXPECT_EQ((*peer)->data()[0], 1);

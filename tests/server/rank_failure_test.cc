@@ -2,12 +2,8 @@
 // UNAVAILABLE within 2 s, nothing hangs, and the service serves again once the rank is back.
 // Also: a weights file the ranks cannot load stops `gcmoe serve` with a message naming the tensor,
 // and a service killed whole leaves no shared memory behind once the next one starts.
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <future>
@@ -16,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/weights.h"
+#include "tests/common/stale_segments.h"
 #include "tests/server/service_harness.h"
 
 namespace gcmoe::server::testing {
@@ -189,13 +186,6 @@ std::vector<std::string> AttachedSegments(const std::string& log) {
   return names;
 }
 
-bool SegmentExists(const std::string& name) {
-  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
-  if (fd < 0) return false;
-  close(fd);
-  return true;
-}
-
 TEST(RankFailureTest, ServiceKilledWholeLeavesNoSharedMemoryForLong) {
   auto first = StartServe({}, "killed_whole", milliseconds(60000));
   ASSERT_TRUE(first.has_value());
@@ -211,13 +201,9 @@ TEST(RankFailureTest, ServiceKilledWholeLeavesNoSharedMemoryForLong) {
   first->process->Signal(SIGKILL);
   ASSERT_TRUE(first->process->Wait(milliseconds(10000)).has_value());
   for (const std::string& name : segments) {
-    ASSERT_TRUE(SegmentExists(name)) << name << " is gone: this test no longer kills anything";
+    ASSERT_TRUE(gcmoe::testing::SegmentExists(name)) << name << " is gone: this test no longer kills anything";
     // As if the kill were a minute ago (a segment is swept only once it is 10 s old).
-    const int fd = shm_open(name.c_str(), O_RDWR, 0);
-    ASSERT_GE(fd, 0);
-    const timespec old[2] = {{time(nullptr) - 60, 0}, {time(nullptr) - 60, 0}};
-    ASSERT_EQ(futimens(fd, old), 0);
-    close(fd);
+    gcmoe::testing::AgeSegment(name, std::chrono::seconds(60));
   }
   // The ranks of the dead service may take a moment to go: their locks go with them.
   std::this_thread::sleep_for(milliseconds(200));
@@ -227,9 +213,9 @@ TEST(RankFailureTest, ServiceKilledWholeLeavesNoSharedMemoryForLong) {
   const std::string next_log = second->process->Log();
   // Gone. The next service's ranks remove them and log it, unless a service that other tests
   // start at the same moment got there first: so the log line is not required.
-  for (const std::string& name : segments) EXPECT_FALSE(SegmentExists(name)) << next_log;
+  for (const std::string& name : segments) EXPECT_FALSE(gcmoe::testing::SegmentExists(name)) << next_log;
   // Its own segments are live: they stay.
-  for (const std::string& name : AttachedSegments(next_log)) EXPECT_TRUE(SegmentExists(name));
+  for (const std::string& name : AttachedSegments(next_log)) EXPECT_TRUE(gcmoe::testing::SegmentExists(name));
   gcmoe::v1::ForwardResponse response;
   EXPECT_TRUE(CallForward(second->address, 16, 2, &response).ok());
 }
