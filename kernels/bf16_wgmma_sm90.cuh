@@ -216,10 +216,13 @@ __device__ __forceinline__ uint16_t* WideTask(const LayerParams& p, const TaskDe
   if constexpr (kExtended) {
     if (const float* bias = TileBias(p, d.kind, d.block, d.tile + group); bias != nullptr) {
       // A merged tail's rows (tokens 64..) have their metadata right after the block's.
-      const RowMeta* meta =
-          d.kind == kRoutedW2 ? p.meta + static_cast<int64_t>(d.block) * kWideBm : nullptr;
-      AddTileBias<N>(acc, bias, 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2), meta,
-                     d.rows);
+      const RowMeta* meta = p.meta + static_cast<int64_t>(d.block) * kWideBm;
+      const int row0 = 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2);
+      if (d.kind == kRoutedW2) {
+        AddTileBias<N, true>(acc, bias, row0, meta, d.rows);
+      } else {
+        AddTileBias<N, false>(acc, bias, row0, meta, d.rows);
+      }
     }
   }
   const int held = ring.stage == 0 ? stages - 1 : ring.stage - 1;

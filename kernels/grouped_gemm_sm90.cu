@@ -165,11 +165,16 @@ __device__ void Consumers(const LayerParams& p, uint8_t* stage_base, int stages,
     }
     if constexpr (kExtended) {
       if (const float* bias = TileBias(p, d.kind, d.block, d.tile); bias != nullptr) {
-        const RowMeta* meta =
-            d.kind == kRoutedW2 ? p.meta + static_cast<int64_t>(d.block) * BM : nullptr;
+        const RowMeta* meta = p.meta + static_cast<int64_t>(d.block) * BM;
 #pragma unroll
         for (int s = 0; s < kTiles; ++s) {
-          AddTileBias<BM>(&acc[s * BM / 2], bias + s * kTileRows, warp * 16 + g, meta, d.rows);
+          float* tile_acc = &acc[s * BM / 2];
+          const float* tile_bias = bias + s * kTileRows;
+          if (d.kind == kRoutedW2) {
+            AddTileBias<BM, true>(tile_acc, tile_bias, warp * 16 + g, meta, d.rows);
+          } else {
+            AddTileBias<BM, false>(tile_acc, tile_bias, warp * 16 + g, meta, d.rows);
+          }
         }
       }
     }
