@@ -133,6 +133,11 @@ class Backend {
   // driver cannot say. Costs a driver call: callers sample it, not every step.
   virtual bool QueryDeviceMemory(DeviceMemory* /*memory*/) const { return false; }
 
+  // Empty while the backend can run steps. Once its device is unusable for the rest of the
+  // process (a sticky CUDA error, after which every call fails the same way and only a new
+  // process gets the GPU back), why. Thread-safe.
+  virtual std::string device_lost() const { return {}; }
+
   // Thread-safe: makes the Step of this generation (or an earlier one) leave its waits and
   // return kAborted; a later step is unaffected, so an abort that races with the end of its
   // step cannot poison the next one.

@@ -386,6 +386,27 @@ cudaError_t CudaBackend::Launch(int bm, Status* nccl_status) {
 
 Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   std::lock_guard<std::mutex> lock(step_mutex_);
+  if (std::string lost = device_lost(); !lost.empty()) {
+    return Internal("cuda backend: the GPU is unusable for this process since an earlier step (" +
+                    lost + ")");
+  }
+  Status status = RunStep(ctx, out);
+  if (status.ok() || status.code() == StatusCode::kInvalidArgument) return status;
+  // A failed step may have left the context broken: then nothing will run again in this process.
+  const cudaError_t err = cudaStreamQuery(graph_->stream());
+  if (IsStickyCudaError(err)) {
+    std::lock_guard<std::mutex> lost_lock(lost_mutex_);
+    lost_ = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+  }
+  return status;
+}
+
+std::string CudaBackend::device_lost() const {
+  std::lock_guard<std::mutex> lock(lost_mutex_);
+  return lost_;
+}
+
+Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
   GCMOE_RETURN_IF_ERROR(SelectDevice());
   GCMOE_RETURN_IF_ERROR(CheckStep(ctx));
   const ModelSpec& m = options_.model;

@@ -49,6 +49,7 @@ class CudaBackend final : public Backend {
   Status RegisterHostMemory(void* data, size_t bytes) override;
   void UnregisterHostMemory(void* data) override;
   bool QueryDeviceMemory(DeviceMemory* memory) const override;
+  std::string device_lost() const override;
   void Abort(uint64_t generation) override;
 
   const kernels::GreenContextPair& partitions() const { return graph_->partitions(); }
@@ -94,6 +95,8 @@ class CudaBackend final : public Backend {
 
   CudaBackend(const BackendOptions& options, std::unique_ptr<kernels::LayerGraph> graph);
   Status CheckStep(const StepContext& ctx) const;
+  // Step's work, under step_mutex_.
+  Status RunStep(const StepContext& ctx, StepOutput* out);
   // The step's [T, H] input into the device buffer's rows of the padded H (dims_), padding
   // columns zero.
   cudaError_t CopyPaddedHidden(const StepContext& ctx);
@@ -110,6 +113,8 @@ class CudaBackend final : public Backend {
   BackendOptions options_;
   std::unique_ptr<kernels::LayerGraph> graph_;
   std::mutex step_mutex_;  // one step at a time: the workspace is single-instance
+  mutable std::mutex lost_mutex_;
+  std::string lost_;  // device_lost(), under lost_mutex_
   std::vector<LayerWeights> layers_;
   PaddedDims dims_;
   // With a padded H: the input dtype whose rows' padding columns are known to hold zeros in

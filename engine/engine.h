@@ -81,6 +81,10 @@ class Engine {
     return backend_->QueryDeviceMemory(memory);
   }
 
+  // Empty while steps can run; why not, once the backend's device is lost for this process
+  // (Backend::device_lost). Thread-safe.
+  std::string device_lost() const { return backend_->device_lost(); }
+
   // Thread-safe: the step of this generation (or earlier) gives up as soon as it can.
   void Abort(uint64_t generation) { backend_->Abort(generation); }
 

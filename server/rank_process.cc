@@ -77,7 +77,7 @@ int RankProcess::Run() {
     std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
     backoff_ms = std::min(backoff_ms * 2, 2000);
   }
-  return exit_code;
+  return fatal_exit_code_.load() != 0 ? fatal_exit_code_.load() : exit_code;
 }
 
 bool RankProcess::Session(int* exit_code, bool* ever_attached) {
@@ -427,6 +427,16 @@ void RankProcess::HandleStep(const Received& received, Stream* stream) {
   if (!(received.doorbell && io_ &&
         io_->Post(RankIo::kToCoordinator, result->SerializeAsString()))) {
     stream->Write(reply);
+  }
+  if (!status.ok()) {
+    if (const std::string lost = engine_->device_lost(); !lost.empty()) {
+      spdlog::critical(
+          "rank {}: its GPU is unusable for this process after step {} ({}); exiting with code "
+          "{} so that it is restarted",
+          options_.rank, step.generation(), lost, kExitDeviceLost);
+      fatal_exit_code_.store(kExitDeviceLost);
+      Stop();
+    }
   }
 }
 

@@ -19,6 +19,7 @@
 #include "engine/engine.h"
 #include "gcmoe/internal/v1/rank.grpc.pb.h"
 #include "server/attach_secret.h"
+#include "server/rank_exit_codes.h"
 #include "server/rank_io.h"
 
 namespace gcmoe::server {
@@ -39,9 +40,10 @@ class RankProcess {
   static Result<std::unique_ptr<RankProcess>> Create(const RankProcessOptions& options);
   ~RankProcess();
 
-  // Attaches and serves until Stop(), a Shutdown message, a final Reject (exit code 3), or the
-  // loss of the coordinator with exit_with_coordinator. A retryable Reject (the rank's
-  // predecessor still attached) dials again. Returns the process exit code.
+  // Attaches and serves until Stop(), a Shutdown message, a final Reject (exit code 3), the loss
+  // of its GPU (kExitDeviceLost, once the failed step is answered), or the loss of the
+  // coordinator with exit_with_coordinator. A retryable Reject (the rank's predecessor still
+  // attached) dials again. Returns the process exit code.
   int Run();
   // Thread-safe, callable from a signal watcher.
   void Stop();
@@ -90,6 +92,7 @@ class RankProcess {
   bool session_over_ = false;
   uint64_t running_generation_ = 0;  // the step the worker is in (0: none)
   std::atomic<bool> stop_{false};
+  std::atomic<int> fatal_exit_code_{0};  // set with stop_ when the rank must not go on
   grpc::ClientContext* context_ = nullptr;  // the live session's, guarded by mu_
 };
 

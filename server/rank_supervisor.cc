@@ -11,6 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "server/rank_exit_codes.h"
 #include "server/signals.h"
 
 namespace gcmoe::server {
@@ -119,10 +120,13 @@ void RankSupervisor::ReapLoop() {
             const int code = WEXITSTATUS(status);
             if (code == 0) {
               spdlog::warn("rank {} exited", r);
+            } else if (code == kExitDeviceLost) {
+              spdlog::error("rank {} exited with code {}: its GPU failed{}", r, code,
+                            restart_ ? "; restarting it" : "");
             } else {
               spdlog::error("rank {} exited with code {}", r, code);
             }
-            if (code >= 1 && code <= 3 && fatal_.ok()) {
+            if (code >= kExitStartFailedFirst && code <= kExitStartFailedLast && fatal_.ok()) {
               fatal_ = FailedPrecondition("rank " + std::to_string(r) +
                                           " could not start (exit code " +
                                           std::to_string(code) + "); its messages say why");

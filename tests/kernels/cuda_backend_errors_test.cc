@@ -5,6 +5,7 @@
 
 #include "engine/backend.h"
 #include "engine/cuda_backend.h"
+#include "engine/cuda_error.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace gcmoe::engine {
@@ -32,6 +33,21 @@ TEST(CudaBackendCreate, RanksOutsideOneHostAreRejected) {
     ASSERT_FALSE(backend.ok());
     EXPECT_EQ(backend.status().code(), StatusCode::kInvalidArgument) << backend.status().ToString();
     EXPECT_NE(backend.status().message().find("GPU ranks"), std::string::npos);
+  }
+}
+
+// The errors after which the process's CUDA context is gone (a rank then exits to be restarted),
+// against those after which it goes on (CUDA runtime API documentation, cudaError).
+TEST(CudaErrors, OnlyContextBreakingErrorsAreSticky) {
+  for (cudaError_t err : {cudaErrorIllegalAddress, cudaErrorLaunchFailure,
+                          cudaErrorMisalignedAddress, cudaErrorIllegalInstruction,
+                          cudaErrorHardwareStackError, cudaErrorAssert, cudaErrorECCUncorrectable}) {
+    EXPECT_TRUE(IsStickyCudaError(err)) << cudaGetErrorName(err);
+  }
+  for (cudaError_t err : {cudaSuccess, cudaErrorNotReady, cudaErrorMemoryAllocation,
+                          cudaErrorInvalidValue, cudaErrorNoDevice, cudaErrorLaunchOutOfResources,
+                          cudaErrorInvalidConfiguration}) {
+    EXPECT_FALSE(IsStickyCudaError(err)) << cudaGetErrorName(err);
   }
 }
 
