@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check of the CUDA backend, run on the GPU machine from a bundle of build/gcmoe and
-# build/tests/kernels/* with the shared libraries they need (BUNDLE/bin, BUNDLE/lib; the serve
-# stage's checkpoint families also want the Python stubs in BUNDLE/stubs):
+# build/tests/kernels/* (kernels_gpu_test; kernels_device_lost_test joins the ctest stage when
+# bundled) with the shared libraries they need (BUNDLE/bin, BUNDLE/lib; the serve stage's
+# checkpoint families also want the Python stubs in BUNDLE/stubs):
 #
 #   bench/gpu_checks.sh [STAGE...]     stages: sass ctest sanitizer bench peer serve ablate ab
 #                                      ncu source roles servebench multi ep race trace
@@ -79,6 +80,11 @@ if has ctest; then
     printf 'add_test([=[%s]=] "%s" "--gtest_filter=%s")\n' "$name" "$GPU_TEST" "$name"
     printf 'set_tests_properties([=[%s]=] PROPERTIES LABELS "gpu" TIMEOUT 600)\n' "$name"
   done >> "$CT/CTestTestfile.cmake"
+  # The broken-context test, in its own process (when bundled).
+  if [ -x "$BUNDLE/bin/kernels_device_lost_test" ]; then
+    printf 'add_test(CudaDeviceLost "%s")\n' "$BUNDLE/bin/kernels_device_lost_test"
+    printf 'set_tests_properties(CudaDeviceLost PROPERTIES LABELS "gpu" TIMEOUT 120)\n'
+  fi >> "$CT/CTestTestfile.cmake"
   (cd "$CT" && timeout 540 ctest -L gpu --output-on-failure -V) > "$OUT/ctest.log" 2>&1
   rc=$?
   grep -E "tests passed|Total Test time|\*\*\*|Failed|calc_diff|request|role1 on|1000 steps" "$OUT/ctest.log" | tail -60
