@@ -116,10 +116,10 @@ __device__ __forceinline__ const float* TileBias(const LayerParams& p, int kind,
 // w of each token (meta, `rows` valid; the model's w (W2 h + b2), as h already carries w), w b2
 // rounded first.
 // W1 and W2 are two instances, and meta is never null. With one instance and a null meta for W1
-// (`kind == W2 ? meta : null`, tested here), the BM 64 kernel with merged tails faulted in 1 run
-// of 4 to 6 on H100 and H200: compute-sanitizer showed one warp loading meta[n].weight through a
-// null pointer, though ptxas 13.0's code tests the pointer just before the load. This way the
-// test of that case passed 189 runs of 189.
+// (`kind == W2 ? meta : null`, tested in this function), the BM 64 kernel with merged tails
+// faulted in 1 run of 4 to 6 on H100 and H200: compute-sanitizer showed one warp loading
+// meta[n].weight through a null pointer, though ptxas 13.0's code tests the pointer just before
+// the load. This way the test of that case passed 189 runs of 189.
 template <int kCols, bool kWeighted>
 __device__ __forceinline__ void AddTileBias(float* acc, const float* bias, int row0,
                                             const RowMeta* meta, int rows) {
