@@ -156,6 +156,10 @@ struct ServerConfig {
   // server.max_batch_calls: most Forward calls merged into one step (1 = no merging). A step also
   // never exceeds parallel.ranks x engine.max_tokens_per_rank tokens.
   int max_batch_calls = 64;
+  // server.max_steps_in_flight: steps sent to the ranks at once. 2 (default): when every rank
+  // is on the coordinator's host, the next step is sent while one runs, so a rank starts it as
+  // soon as it is done; 1: one step at a time. Ranks on other hosts always get one at a time.
+  int max_steps_in_flight = 2;
   // server.echo: serve the Echo method (the transport floor `gcmoe bench serve` measures).
   bool echo = false;
   // server.allow_registered_memory: serve RegisterMemory and Forward tensors that name a

@@ -265,6 +265,8 @@ void ReadServer(ObjectReader r, ServerConfig* s) {
         &s->batch_window_us);
   r.Int("max_batch_calls", {.min = 1, .max = 4096, .expected = "an integer in 1..4096"},
         &s->max_batch_calls);
+  r.Int("max_steps_in_flight", {.min = 1, .max = 2, .expected = "1 or 2"},
+        &s->max_steps_in_flight);
   r.Bool("echo", &s->echo);
   r.Bool("allow_registered_memory", &s->allow_registered_memory);
   r.String(

@@ -146,9 +146,10 @@ void Coordinator::Deliver(Outbox* outbox) {
 }
 
 void Coordinator::MaybeStartEpochLocked(Outbox* outbox) {
-  if (draining_ || !AllAttachedLocked() || in_flight_.active) return;
+  if (draining_ || !AllAttachedLocked() || !in_flight_.empty()) return;
   ++epoch_;
   epoch_pending_ = true;
+  epoch_wanted_ = false;
   internal::CoordinatorMessage message;
   internal::Setup* setup = message.mutable_setup();
   setup->set_epoch(epoch_);
@@ -248,7 +249,7 @@ Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
     spdlog::info("{} attached (transport {}, {}){}", session->Describe(), session->transport_name(),
                  slot.io ? "I/O through " + slot.io->name() : std::string("I/O inline"),
                  slot.registrations > 1 ? " after a restart" : "");
-    MaybeFinishFailedStepLocked(&outbox);
+    MaybeFinishFailedStepsLocked(&outbox);
     MaybeStartEpochLocked(&outbox);
   }
   cv_.notify_all();
@@ -258,19 +259,55 @@ Status Coordinator::Register(const std::shared_ptr<RankSession>& session) {
   return Status::Ok();
 }
 
-void Coordinator::FailInFlightLocked(Status failure) {
-  if (!in_flight_.active || in_flight_.failed) return;
-  in_flight_.failed = true;
-  in_flight_.failure = std::move(failure);
+void Coordinator::FailInFlightLocked(uint64_t generation, Status failure) {
+  bool any = false;
+  for (auto& [g, step] : in_flight_) {
+    // A step with every result in has completed (its leader may be assembling it).
+    if (step.failed || step.pending == 0) continue;
+    step.failed = true;
+    step.failure = g == generation
+                       ? failure
+                       : Unavailable("step " + std::to_string(g) + " was abandoned with step " +
+                                     std::to_string(generation) + ": " + failure.message());
+    any = true;
+  }
+  if (!any) return;
+  // No step may start until a new epoch has reset the ranks' exchange.
+  SetServingLocked(false);
+  epoch_wanted_ = true;
   // Set with the failure, under the same lock: the watchdog must never see a failed step with
   // the deadline of an earlier one (it cut a healthy survivor off at once when it did).
   abort_deadline_ = Clock::now() + std::chrono::milliseconds(options_.exchange_timeout_ms + 2000);
 }
 
-void Coordinator::MaybeFinishFailedStepLocked(Outbox* outbox) {
-  if (!in_flight_.active || !in_flight_.failed || in_flight_.pending > 0) return;
-  in_flight_.active = false;
-  MaybeStartEpochLocked(outbox);
+void Coordinator::MaybeFinishFailedStepsLocked(Outbox* outbox) {
+  std::vector<uint64_t> over;
+  for (const auto& [g, step] : in_flight_) {
+    if (step.failed && step.pending == 0 && step.leader_gone) over.push_back(g);
+  }
+  for (uint64_t g : over) EndStepLocked(g, outbox);
+}
+
+void Coordinator::EndStepLocked(uint64_t generation, Outbox* outbox) {
+  in_flight_.erase(generation);
+  if (in_flight_.empty() && epoch_wanted_) MaybeStartEpochLocked(outbox);
+  WakeNextLeaderLocked();
+  cv_.notify_all();  // a drain may be waiting for the steps in flight
+}
+
+int Coordinator::PipelineDepthLocked() const {
+  const bool all_local =
+      std::all_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.io != nullptr; });
+  return all_local ? std::min(options_.max_steps_in_flight, RankIo::kSlots) : 1;
+}
+
+bool Coordinator::CanLeadLocked(const Call* call) const {
+  return !sending_ && !pending_.empty() && pending_.front() == call &&
+         static_cast<int>(in_flight_.size()) < PipelineDepthLocked();
+}
+
+void Coordinator::WakeNextLeaderLocked() {
+  if (!pending_.empty()) pending_.front()->done.notify_one();
 }
 
 void Coordinator::OnMessage(const std::shared_ptr<RankSession>& session,
@@ -307,17 +344,19 @@ void Coordinator::OnMessage(const std::shared_ptr<RankSession>& session,
     } else if (message.has_step_result()) {
       const internal::StepResult& result = message.step_result();
       if (result.has_gpu_memory()) slots_[r].gpu_memory = result.gpu_memory();
-      if (in_flight_.active && result.generation() == in_flight_.generation &&
-          !in_flight_.reported[r]) {
-        in_flight_.results[r] = result;
-        in_flight_.arrived_ns[r] = MonotonicNs();
-        in_flight_.reported[r] = true;
-        --in_flight_.pending;
+      auto it = in_flight_.find(result.generation());
+      if (it != in_flight_.end() && !it->second.reported[r]) {
+        InFlight& step = it->second;
+        step.results[r] = result;
+        step.arrived_ns[r] = MonotonicNs();
+        step.reported[r] = true;
+        --step.pending;
         if (result.code() != 0) {
-          FailInFlightLocked(Status(static_cast<StatusCode>(result.code()),
+          FailInFlightLocked(result.generation(),
+                             Status(static_cast<StatusCode>(result.code()),
                                     session->Describe() + ": " + result.message()));
         }
-        MaybeFinishFailedStepLocked(&outbox);
+        MaybeFinishFailedStepsLocked(&outbox);
       }
     }
   }
@@ -341,13 +380,20 @@ void Coordinator::Unregister(const std::shared_ptr<RankSession>& session) {
       reconfiguring_ = false;
       spdlog::warn("{} disconnected", session->Describe());
       SetServingLocked(false);
-      if (in_flight_.active && !in_flight_.reported[r]) {
-        in_flight_.reported[r] = true;
-        --in_flight_.pending;
-        FailInFlightLocked(Unavailable(session->Describe() + " disconnected during step " +
-                                       std::to_string(in_flight_.generation)));
+      // Every step in flight loses this rank's result; the oldest it owed names the failure.
+      uint64_t first_owed = 0;
+      for (auto& [g, step] : in_flight_) {
+        if (step.reported[r]) continue;
+        step.reported[r] = true;
+        --step.pending;
+        if (first_owed == 0) first_owed = g;
       }
-      MaybeFinishFailedStepLocked(&outbox);
+      if (first_owed != 0) {
+        FailInFlightLocked(first_owed,
+                           Unavailable(session->Describe() + " disconnected during step " +
+                                       std::to_string(first_owed)));
+      }
+      MaybeFinishFailedStepsLocked(&outbox);
     }
   }
   cv_.notify_all();
@@ -385,16 +431,16 @@ Status Coordinator::Forward(const gcmoe::v1::ForwardRequest& request,
       call.done.wait(lock, [&call] { return call.state == Call::State::kDone; });
       continue;
     }
-    if (!stepping_ && pending_.front() == &call) {
+    if (CanLeadLocked(&call)) {
       LeadStepLocked(lock, &call);
       continue;
     }
     call.done.wait_until(lock, std::min(deadline, Clock::now() + kCancelPoll));
-    if (call.state != Call::State::kWaiting || (!stepping_ && pending_.front() == &call)) continue;
+    if (call.state != Call::State::kWaiting || CanLeadLocked(&call)) continue;
     const bool expired = Clock::now() >= deadline;
     if (expired || cancelled()) {
       pending_.erase(std::find(pending_.begin(), pending_.end(), &call));
-      if (!stepping_ && !pending_.empty()) pending_.front()->done.notify_one();
+      WakeNextLeaderLocked();
       cv_.notify_all();  // a drain may be waiting for the queue to empty
       if (expired) {
         return DeadlineExceeded("the deadline passed while the call waited for earlier steps");
@@ -428,7 +474,7 @@ std::vector<Coordinator::Call*> Coordinator::TakeBatchLocked() {
 }
 
 void Coordinator::LeadStepLocked(std::unique_lock<std::mutex>& lock, Call* self) {
-  stepping_ = true;
+  sending_ = true;
   // A planned new epoch (a refitted placement) is waited out, not failed.
   while (reconfiguring_ && !serving_ && Clock::now() < self->deadline) {
     work_cv_.wait_for(lock, std::chrono::milliseconds(20));
@@ -455,24 +501,37 @@ void Coordinator::LeadStepLocked(std::unique_lock<std::mutex>& lock, Call* self)
   }
   // Calls admitted before a drain began still run: draining refuses only new admissions.
   Status status;
-  if (!serving_) {
-    status = Unavailable(std::to_string(ReadyCountLocked()) + " of " +
-                         std::to_string(options_.world_size) +
-                         " rank(s) ready; the service is not serving");
-  } else if (!live.empty()) {
+  if (!serving_ || live.empty()) {
+    if (!live.empty()) status = NotServingLocked();
+    sending_ = false;
+  } else {
     lock.unlock();
-    status = RunStep(live);
+    Result<SentStep> sent = SendStep(live);
     lock.lock();
+    // The next oldest call may lead the next step while this one runs.
+    sending_ = false;
+    WakeNextLeaderLocked();
+    if (sent.ok()) {
+      lock.unlock();
+      status = FinishStep(live, *sent);
+      lock.lock();
+    } else {
+      status = sent.status();
+    }
   }
   for (Call* call : live) {
     call->status = status;
     call->state = Call::State::kDone;
     call->done.notify_one();
   }
-  stepping_ = false;
   cv_.notify_all();  // a drain may be waiting for the step
-  // The next oldest call leads the next step.
-  if (!pending_.empty()) pending_.front()->done.notify_one();
+  WakeNextLeaderLocked();
+}
+
+Status Coordinator::NotServingLocked() const {
+  return Unavailable(std::to_string(ReadyCountLocked()) + " of " +
+                     std::to_string(options_.world_size) +
+                     " rank(s) ready; the service is not serving");
 }
 
 void Coordinator::WatchdogLoop() {
@@ -480,17 +539,21 @@ void Coordinator::WatchdogLoop() {
   while (!stop_) {
     cv_.wait_for(lock, std::chrono::milliseconds(100));
     if (stop_) break;
-    if (in_flight_.active && in_flight_.failed && in_flight_.pending > 0 &&
-        Clock::now() >= abort_deadline_) {
-      // Ranks that neither reported nor disconnected after an abort are stuck: cut them off
-      // so they re-attach (or are restarted) and a new epoch can start.
+    if (Clock::now() < abort_deadline_) continue;
+    // Ranks that neither reported nor disconnected after an abort are stuck: cut them off so
+    // they re-attach (or are restarted) and a new epoch can start.
+    std::vector<bool> cut(options_.world_size, false);
+    for (const auto& [g, step] : in_flight_) {
+      if (!step.failed || step.pending == 0) continue;
       for (int r = 0; r < options_.world_size; ++r) {
-        if (!in_flight_.reported[r] && slots_[r].session) {
-          spdlog::error("{} did not leave aborted step {}; disconnecting it",
-                        slots_[r].session->Describe(), in_flight_.generation);
-          slots_[r].session->Cancel();
-        }
+        if (step.reported[r] || !slots_[r].session || cut[r]) continue;
+        spdlog::error("{} did not leave aborted step {}; disconnecting it",
+                      slots_[r].session->Describe(), g);
+        slots_[r].session->Cancel();
+        cut[r] = true;
       }
+    }
+    if (std::find(cut.begin(), cut.end(), true) != cut.end()) {
       abort_deadline_ = Clock::now() + std::chrono::seconds(5);
     }
   }
@@ -510,11 +573,11 @@ void Coordinator::FillRankStats(gcmoe::v1::Stats* stats) const {
 void Coordinator::Drain(Clock::duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   draining_ = true;
-  spdlog::info("draining: refusing new calls, finishing {} admitted",
-               pending_.size() + (stepping_ ? 1 : 0));
+  spdlog::info("draining: refusing new calls, finishing {} admitted and {} step(s) in flight",
+               pending_.size(), in_flight_.size());
   const auto deadline = Clock::now() + timeout;
   cv_.wait_until(lock, deadline,
-                 [this] { return pending_.empty() && !stepping_ && !in_flight_.active; });
+                 [this] { return pending_.empty() && !sending_ && in_flight_.empty(); });
   lock.unlock();
   NotifyServing();
 }

@@ -1,13 +1,22 @@
 // The coordinator: which rank processes are attached and ready, and the execution of Forward
-// steps across them, one step at a time in arrival order.
+// steps across them in arrival order, up to server.max_steps_in_flight at a time.
 //
 // Admission: each Forward call waits on its own condition (no shared wake-ups). The thread of
-// the oldest waiting call leads the next step when none runs: it merges into its step the other
-// waiting calls for the same layer and dtypes, up to server.max_batch_calls calls and
-// parallel.ranks x engine.max_tokens_per_rank tokens (optionally after waiting
-// server.batch_window_us for more), then wakes the next oldest call to lead. A lone call thus
-// runs on its own thread with no hand-off. The numerics are row-independent, so each caller gets
-// the same bytes as it would alone.
+// the oldest waiting call leads the next step when no other leader is sending one and fewer
+// steps than the pipeline depth are in flight: it merges into its step the other waiting calls
+// for the same layer and dtypes, up to server.max_batch_calls calls and parallel.ranks x
+// engine.max_tokens_per_rank tokens (optionally after waiting server.batch_window_us for more),
+// sends it, and then wakes the next oldest call to lead while it waits for its own results. A
+// lone call thus runs on its own thread with no hand-off. The numerics are row-independent, so
+// each caller gets the same bytes as it would alone.
+//
+// Pipelined steps: with every rank on this host (RankIo regions), step N+1 is sent while step N
+// runs, into the other I/O slot and the next doorbell message, so a rank starts it the moment N
+// is done instead of after N's round trip through the coordinator; N's outputs are assembled
+// meanwhile. Ranks run steps in generation order, and a step's exchange begins with a barrier on
+// every rank's inputs, so a rank one step ahead of a peer waits for it. Otherwise (a rank
+// elsewhere, a message too large for the doorbell) a step is sent once those before it are done,
+// which keeps every rank's steps in generation order.
 //
 // Data path: a rank on this host gets its shard through a RankIo region (shared memory) the
 // coordinator writes straight from the requests, and writes its output there, from where each
@@ -17,8 +26,9 @@
 // starts an epoch: it sends Setup (every rank's transport name) and the service is SERVING when
 // all P answer Ready for that epoch. A rank that disconnects makes the service NOT_SERVING at
 // once and fails the step in flight with UNAVAILABLE; when it is back, a new epoch starts.
-// Any failed step also ends with a new epoch, after every surviving rank has reported: Setup
-// zeroes the ranks' exchange signals, so an aborted step leaves nothing stale behind.
+// Any failed step fails every step in flight with it and ends with a new epoch, after every
+// surviving rank has reported each of them: Setup zeroes the ranks' exchange signals, so an
+// aborted step leaves nothing stale behind.
 #pragma once
 
 #include <atomic>
@@ -27,6 +37,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -63,6 +74,7 @@ struct CoordinatorOptions {
   bool shared_memory_io = true;
   std::chrono::microseconds batch_window{0};  // server.batch_window_us
   int max_batch_calls = 64;                   // server.max_batch_calls
+  int max_steps_in_flight = 2;                // server.max_steps_in_flight
 };
 
 class Coordinator {
@@ -95,7 +107,7 @@ class Coordinator {
                  gcmoe::v1::ForwardResponse* response);
 
   bool serving() const;
-  // Forward calls waiting behind the step in flight.
+  // Forward calls waiting behind the steps in flight.
   int queue_depth() const;
   // Per-rank readiness and restart counts.
   void FillRankStats(gcmoe::v1::Stats* stats) const;
@@ -116,11 +128,13 @@ class Coordinator {
     // The session's latest report of its GPU's memory (Ready, then sampled step results).
     std::optional<gcmoe::v1::GpuMemory> gpu_memory;
   };
+  // A step from its generation until it is over: on success once its leader has assembled its
+  // outputs (its I/O slot is free again), on failure once every rank has reported or been cut
+  // off and its leader has left.
   struct InFlight {
-    uint64_t generation = 0;
-    bool active = false;
     bool failed = false;
     Status failure;
+    bool leader_gone = false;    // failed, and its leader no longer reads this
     std::vector<bool> reported;  // [P] result received, or the rank is gone
     int pending = 0;
     std::vector<gcmoe::internal::v1::StepResult> results;  // [P]
@@ -152,7 +166,18 @@ class Coordinator {
   int ReadyCountLocked() const;
   // Starts a new epoch when every rank is attached and no step is in flight.
   void MaybeStartEpochLocked(Outbox* outbox);
-  void FailInFlightLocked(Status failure);
+  // Fails every step in flight that has not completed: `generation`'s with `failure`, the others
+  // as abandoned because of it.
+  void FailInFlightLocked(uint64_t generation, Status failure);
+  // Steps in flight at most: RankIo::kSlots (bounded by server.max_steps_in_flight) when every
+  // rank has a RankIo region, else 1.
+  int PipelineDepthLocked() const;
+  // Whether waiting `call` may lead the next step now.
+  bool CanLeadLocked(const Call* call) const;
+  // Wakes the oldest waiting call, which leads the next step if it can.
+  void WakeNextLeaderLocked();
+  // A step is over: frees its place, and starts a wanted epoch once nothing is in flight.
+  void EndStepLocked(uint64_t generation, Outbox* outbox);
   void SetServingLocked(bool serving);
   void Deliver(Outbox* outbox);
   void NotifyServing();
@@ -162,8 +187,26 @@ class Coordinator {
   void LeadStepLocked(std::unique_lock<std::mutex>& lock, Call* self);
   // Takes the calls of the next step out of pending_ (the oldest and those it can merge).
   std::vector<Call*> TakeBatchLocked();
-  // Runs one step for `calls` and fills each call's response; the status is every call's.
-  Status RunStep(const std::vector<Call*>& calls);
+  // A step sent to the ranks, as its leader finishes it.
+  struct SentStep {
+    uint64_t generation = 0;
+    int io_slot = 0;
+    Clock::time_point start;
+    int64_t sent_ns = 0;
+    int steps_in_flight = 0;                             // this one included, as it was sent
+    std::vector<int> tokens_per_rank;                    // [P]
+    std::vector<std::vector<Piece>> pieces;              // [P] each rank's shard, by call
+    std::vector<int64_t> counts;                         // [P, E] of the step
+    std::vector<std::shared_ptr<RankSession>> sessions;  // [P] as of the send
+    std::vector<std::shared_ptr<RankIo>> ios;            // [P] as of the send
+  };
+  // Sends one step for `calls` (the caller holds sending_, so steps go out in generation order).
+  // An error means no rank was sent anything.
+  Result<SentStep> SendStep(const std::vector<Call*>& calls);
+  // Waits for a sent step's results and fills each call's response; the status is every
+  // call's. Ends the step's InFlight.
+  Status FinishStep(const std::vector<Call*>& calls, const SentStep& sent);
+  Status NotServingLocked() const;
   // Puts one rank's shard of the step into its Step message or its RankIo slot.
   static void WriteShard(const std::vector<Call*>& calls, const std::vector<Piece>& pieces,
                          RankIo* io, int io_slot, gcmoe::internal::v1::Step* step);
@@ -173,8 +216,8 @@ class Coordinator {
                          const std::vector<std::shared_ptr<RankIo>>& ios, int io_slot,
                          const std::vector<gcmoe::internal::v1::StepResult>& results,
                          uint64_t generation);
-  // Finishes a failed step's bookkeeping once every surviving rank has reported.
-  void MaybeFinishFailedStepLocked(Outbox* outbox);
+  // Ends each failed step whose ranks have all reported and whose leader has left.
+  void MaybeFinishFailedStepsLocked(Outbox* outbox);
   void WatchdogLoop();
   // Reads `session`'s step results from its region's doorbell until *stop, handing each to
   // OnMessage as if it had come on the control stream.
@@ -197,15 +240,17 @@ class Coordinator {
   // instead of failing, and health stays SERVING.
   bool reconfiguring_ = false;
   bool draining_ = false;
+  // A new epoch must start once no step is in flight (after a failure, or a refitted placement).
+  bool epoch_wanted_ = false;
   uint64_t generation_ = 0;
-  InFlight in_flight_;
-  Clock::time_point abort_deadline_{};  // a failed step's survivors must report by then
+  std::map<uint64_t, InFlight> in_flight_;  // by generation, oldest first
+  Clock::time_point abort_deadline_{};      // a failed step's survivors must report by then
   bool stop_ = false;
   std::thread watchdog_;
   std::string host_;  // this host's name: ranks with the same one get a RankIo region
   // Admitted calls not yet in a step, oldest first.
   std::deque<Call*> pending_;
-  bool stepping_ = false;            // a caller is leading a step
+  bool sending_ = false;             // a leader is forming or sending a step
   std::condition_variable work_cv_;  // the leader: a call arrived, or the state changed
   int result_readers_ = 0;           // StartResultReader threads still running (guarded by mu_)
 

@@ -87,6 +87,7 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
   options.shared_memory_io = config.server.rank_io == "auto";
   options.batch_window = std::chrono::microseconds(config.server.batch_window_us);
   options.max_batch_calls = config.server.max_batch_calls;
+  options.max_steps_in_flight = config.server.max_steps_in_flight;
   options.config_digest = config.Digest();
   options.max_queue = config.server.max_queue;
   options.exchange_timeout_ms = config.engine.exchange_timeout_ms;

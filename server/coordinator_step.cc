@@ -139,16 +139,19 @@ Status Coordinator::AssembleOutputs(const std::vector<Call*>& calls,
   return Status::Ok();
 }
 
-Status Coordinator::RunStep(const std::vector<Call*>& calls) {
+Result<Coordinator::SentStep> Coordinator::SendStep(const std::vector<Call*>& calls) {
   const int P = options_.world_size;
   const int E = options_.experts;
-  const auto step_start = Clock::now();
+  SentStep sent;
+  sent.start = Clock::now();
   // The step's tokens are the calls' tokens in order, split into P contiguous shards.
   int total = 0;
   for (const Call* c : calls) total += c->validated->num_tokens;
-  const std::vector<int> tokens_per_rank =
+  sent.tokens_per_rank =
       calls.size() == 1 ? calls.front()->validated->tokens_per_rank : ShardSizes(total, P);
-  std::vector<std::vector<Piece>> pieces(P);
+  const std::vector<int>& tokens_per_rank = sent.tokens_per_rank;
+  std::vector<std::vector<Piece>>& pieces = sent.pieces;
+  pieces.resize(P);
   {
     int r = 0;
     int64_t shard_begin = 0;
@@ -166,9 +169,8 @@ Status Coordinator::RunStep(const std::vector<Call*>& calls) {
     }
   }
   // C[src][expert] of the merged step (a call alone brings its own from validation).
-  std::vector<int64_t> merged_counts;
   if (calls.size() > 1) {
-    merged_counts.assign(static_cast<size_t>(P) * E, 0);
+    sent.counts.assign(static_cast<size_t>(P) * E, 0);
     for (int r = 0; r < P; ++r) {
       for (const Piece& p : pieces[r]) {
         // The validated ids: a region's were copied out before validation
@@ -179,95 +181,123 @@ Status Coordinator::RunStep(const std::vector<Call*>& calls) {
           for (int j = 0; j < k; ++j) {
             int32_t e;
             std::memcpy(&e, data + sizeof(e) * (t * k + j), sizeof(e));
-            if (e >= 0) ++merged_counts[static_cast<size_t>(r) * E + e];
+            if (e >= 0) ++sent.counts[static_cast<size_t>(r) * E + e];
           }
         }
       }
     }
+  } else {
+    sent.counts = calls.front()->validated->counts;
   }
-  const std::vector<int64_t>& counts =
-      calls.size() == 1 ? calls.front()->validated->counts : merged_counts;
 
-  std::vector<std::shared_ptr<RankSession>> sessions(P);
-  std::vector<std::shared_ptr<RankIo>> ios(P);
-  uint64_t generation;
+  sent.sessions.resize(P);
+  sent.ios.resize(P);
   uint64_t epoch;
   int passes;
   uint64_t placement_version;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    generation = ++generation_;
+    // A failure since the leader looked leaves the ranks' exchange to be reset by a new epoch.
+    if (!serving_) return NotServingLocked();
+    sent.generation = ++generation_;
     epoch = epoch_;
     passes = planner_->passes();
     placement_version = planner_->placement_version();
-    in_flight_ = InFlight{};
-    in_flight_.generation = generation;
-    in_flight_.active = true;
-    in_flight_.reported.assign(P, false);
-    in_flight_.pending = P;
-    in_flight_.results.resize(P);
-    in_flight_.arrived_ns.assign(P, 0);
+    InFlight& step = in_flight_[sent.generation];
+    step.reported.assign(P, false);
+    step.pending = P;
+    step.results.resize(P);
+    step.arrived_ns.assign(P, 0);
+    sent.steps_in_flight = static_cast<int>(in_flight_.size());
     for (int r = 0; r < P; ++r) {
-      sessions[r] = slots_[r].session;
-      ios[r] = slots_[r].io;
+      sent.sessions[r] = slots_[r].session;
+      sent.ios[r] = slots_[r].io;
     }
   }
-  const int io_slot = static_cast<int>(generation % RankIo::kSlots);
+  const uint64_t generation = sent.generation;
+  // Steps in flight together use different slots: at most RankIo::kSlots are (PipelineDepth).
+  sent.io_slot = static_cast<int>(generation % RankIo::kSlots);
   const gcmoe::v1::ForwardRequest& first = *calls.front()->request;
   const bool output_fp32 = calls.front()->validated->output_fp32;
+  std::vector<internal::CoordinatorMessage> messages(P);
+  bool all_doorbell = true;
   for (int r = 0; r < P; ++r) {
-    internal::CoordinatorMessage message;
-    internal::Step* step = message.mutable_step();
+    internal::Step* step = messages[r].mutable_step();
     step->set_generation(generation);
     step->set_epoch(epoch);
     step->set_layer(first.layer());
-    WriteShard(calls, pieces[r], ios[r].get(), io_slot, step);
+    WriteShard(calls, pieces[r], sent.ios[r].get(), sent.io_slot, step);
     step->set_output_dtype(output_fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
     for (int t : tokens_per_rank) step->add_tokens_per_rank(static_cast<uint32_t>(t));
-    step->mutable_counts()->Assign(counts.begin(), counts.end());
+    step->mutable_counts()->Assign(sent.counts.begin(), sent.counts.end());
     // The rank logs the step under one id: its first call's (server/request_id.h).
     step->set_request_id(calls.front()->validated->request_id);
     step->set_relief_passes(static_cast<uint32_t>(passes));
     step->set_placement_version(placement_version);
+    all_doorbell = all_doorbell && sent.ios[r] && sent.sessions[r] &&
+                   step->ByteSizeLong() <= RankIoLayout::kMessageBytes;
+  }
+  bool abandoned = false;
+  if (!all_doorbell) {
+    // A step on a control stream could overtake the one before it on a doorbell: it goes once
+    // the steps before it are over.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this, generation] { return in_flight_.begin()->first == generation; });
+    abandoned = in_flight_.at(generation).failed;
+  }
+  for (int r = 0; r < P; ++r) {
     // A rank with a region gets the step through its doorbell, else on its control stream.
-    const bool posted =
-        sessions[r] && ios[r] && ios[r]->Post(RankIo::kToRank, message.step().SerializeAsString());
-    if (!posted && (!sessions[r] || !sessions[r]->Send(message))) {
+    const bool posted = !abandoned && sent.sessions[r] && sent.ios[r] &&
+                        sent.ios[r]->Post(RankIo::kToRank, messages[r].step().SerializeAsString());
+    if (!posted && (abandoned || !sent.sessions[r] || !sent.sessions[r]->Send(messages[r]))) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!in_flight_.reported[r]) {
-        in_flight_.reported[r] = true;
-        --in_flight_.pending;
+      InFlight& step = in_flight_.at(generation);
+      if (!step.reported[r]) {
+        step.reported[r] = true;
+        --step.pending;
       }
-      FailInFlightLocked(Unavailable("rank " + std::to_string(r) + "'s control stream is closed"));
+      if (!abandoned) {
+        FailInFlightLocked(
+            generation, Unavailable("rank " + std::to_string(r) + "'s control stream is closed"));
+      }
     }
   }
-  const int64_t sent_ns = Nanos(step_start.time_since_epoch());
+  sent.sent_ns = Nanos(sent.start.time_since_epoch());
+  return sent;
+}
+
+Status Coordinator::FinishStep(const std::vector<Call*>& calls, const SentStep& sent) {
+  const int P = options_.world_size;
+  const int E = options_.experts;
+  const uint64_t generation = sent.generation;
+  const std::vector<std::shared_ptr<RankSession>>& sessions = sent.sessions;
+  const std::vector<int64_t>& counts = sent.counts;
 
   std::unique_lock<std::mutex> lock(mu_);
+  InFlight& step = in_flight_.at(generation);
   const auto step_deadline = Clock::now() + std::chrono::milliseconds(options_.step_timeout_ms);
-  cv_.wait_until(lock, step_deadline,
-                 [this] { return in_flight_.pending == 0 || in_flight_.failed; });
-  if (!in_flight_.failed && in_flight_.pending > 0) {
+  cv_.wait_until(lock, step_deadline, [&step] { return step.pending == 0 || step.failed; });
+  if (!step.failed && step.pending > 0) {
     std::string missing;
     for (int r = 0; r < P; ++r) {
-      if (!in_flight_.reported[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      if (!step.reported[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     }
-    FailInFlightLocked(Unavailable("step " + std::to_string(generation) + ": rank(s) " + missing +
-                                   " did not answer within " +
-                                   std::to_string(options_.step_timeout_ms) + " ms"));
+    FailInFlightLocked(generation, Unavailable("step " + std::to_string(generation) + ": rank(s) " +
+                                               missing + " did not answer within " +
+                                               std::to_string(options_.step_timeout_ms) + " ms"));
   }
-  if (in_flight_.failed) {
-    const Status failure = in_flight_.failure;
+  if (step.failed) {
+    const Status failure = step.failure;
     // The step is over for the callers; the ranks still in it are told to give up, and the
     // bookkeeping (a new epoch) finishes once they have all reported or been cut off (by the
     // deadline FailInFlightLocked set).
-    SetServingLocked(false);
     std::vector<std::shared_ptr<RankSession>> survivors;
     for (int r = 0; r < P; ++r) {
-      if (!in_flight_.reported[r] && sessions[r]) survivors.push_back(sessions[r]);
+      if (!step.reported[r] && sessions[r]) survivors.push_back(sessions[r]);
     }
+    step.leader_gone = true;
     Outbox outbox;
-    MaybeFinishFailedStepLocked(&outbox);
+    MaybeFinishFailedStepsLocked(&outbox);  // `step` may be gone from here on
     lock.unlock();
     spdlog::warn("step {} ({} call(s)) failed: {}", generation, calls.size(), failure.ToString());
     internal::CoordinatorMessage abort;
@@ -282,9 +312,9 @@ Status Coordinator::RunStep(const std::vector<Call*>& calls) {
   }
 
   // Success: each call's output from the ranks' shards, and the stats.
-  const std::vector<internal::StepResult> results = std::move(in_flight_.results);
-  const std::vector<int64_t> arrived_ns = std::move(in_flight_.arrived_ns);
-  in_flight_.active = false;
+  // The InFlight stays until the outputs are read: its I/O slot is not reused before.
+  const std::vector<internal::StepResult> results = std::move(step.results);
+  const std::vector<int64_t> arrived_ns = std::move(step.arrived_ns);
   int64_t slowest_ns = 0;
   for (const internal::StepResult& r : results) slowest_ns = std::max(slowest_ns, r.engine_ns());
   std::vector<int64_t> expert_tokens(E, 0);
@@ -292,24 +322,32 @@ Status Coordinator::RunStep(const std::vector<Call*>& calls) {
   Outbox outbox;
   if (planner_->Observe(expert_tokens, slowest_ns)) {
     // The ranks load the new placement's weights in a new epoch; calls wait meanwhile.
+    // (It starts once no step is in flight; no step starts before.)
     reconfiguring_ = true;
     serving_ = false;
-    MaybeStartEpochLocked(&outbox);
+    epoch_wanted_ = true;
   }
   lock.unlock();
-  Deliver(&outbox);
 
-  for (int r = 1; r < P; ++r) {
+  Status status = Status::Ok();
+  for (int r = 1; r < P && status.ok(); ++r) {
     if (results[r].load_after().size() != results[0].load_after().size() ||
         !std::equal(results[r].load_after().begin(), results[r].load_after().end(),
                     results[0].load_after().begin())) {
       spdlog::error("step {}: rank {} computed another split than rank 0", generation, r);
-      return Internal("step " + std::to_string(generation) + ": ranks disagree on the split");
+      status = Internal("step " + std::to_string(generation) + ": ranks disagree on the split");
     }
   }
   const auto assemble_start = Clock::now();
-  GCMOE_RETURN_IF_ERROR(AssembleOutputs(calls, pieces, ios, io_slot, results, generation));
+  if (status.ok()) {
+    status = AssembleOutputs(calls, sent.pieces, sent.ios, sent.io_slot, results, generation);
+  }
   const auto assembled = Clock::now();
+  lock.lock();
+  EndStepLocked(generation, &outbox);
+  lock.unlock();
+  Deliver(&outbox);
+  GCMOE_RETURN_IF_ERROR(status);
 
   // Stages: the per-rank ones are the largest over ranks. The ranks' stamps share this host's
   // monotonic clock only when they run here; for others the transfer stages stay 0.
@@ -324,13 +362,13 @@ Status Coordinator::RunStep(const std::vector<Call*>& calls) {
     step_stats.set_d2h_ns(std::max(step_stats.d2h_ns(), result.d2h_ns()));
     if (sessions[r] && sessions[r]->hello().host() == host_) {
       step_stats.set_to_ranks_ns(
-          std::max(step_stats.to_ranks_ns(), result.received_ns() - sent_ns));
+          std::max(step_stats.to_ranks_ns(), result.received_ns() - sent.sent_ns));
       step_stats.set_from_ranks_ns(
           std::max(step_stats.from_ranks_ns(), arrived_ns[r] - result.replied_ns()));
     }
     gcmoe::v1::RankStepStats* rank = step_stats.add_ranks();
     rank->set_rank(r);
-    rank->set_tokens(tokens_per_rank[r]);
+    rank->set_tokens(sent.tokens_per_rank[r]);
     rank->set_assignments_computed(result.assignments_computed());
     rank->set_engine_ns(result.engine_ns());
     rank->set_host_ns(result.host_ns());
@@ -347,8 +385,9 @@ Status Coordinator::RunStep(const std::vector<Call*>& calls) {
   step_stats.set_balancer_enabled(options_.balancer_enabled);
   step_stats.set_assemble_ns(Nanos(assembled - assemble_start));
   step_stats.set_batched_calls(static_cast<uint32_t>(calls.size()));
+  step_stats.set_steps_in_flight(static_cast<uint32_t>(sent.steps_in_flight));
   step_stats.set_shared_memory_io(
-      std::all_of(ios.begin(), ios.end(), [](const auto& io) { return io != nullptr; }));
+      std::all_of(sent.ios.begin(), sent.ios.end(), [](const auto& io) { return io != nullptr; }));
 
   StepRecord record;
   record.engine_ns = engine_ns;
@@ -363,7 +402,7 @@ Status Coordinator::RunStep(const std::vector<Call*>& calls) {
   for (Call* call : calls) {
     gcmoe::v1::ForwardStats* stats = call->response->mutable_stats();
     *stats = step_stats;
-    stats->set_queue_ns(Nanos(step_start - call->arrived));
+    stats->set_queue_ns(Nanos(sent.start - call->arrived));
     stats->set_total_ns(Nanos(end - call->arrived));
     record.total_ns = stats->total_ns();
     record.tokens = call->validated->num_tokens;

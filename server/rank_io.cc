@@ -45,6 +45,8 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
 }  // namespace
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "the doorbell needs lock-free atomics");
+static_assert(RankIo::kSlots <= RankIoLayout::kMessageRing,
+              "a step per slot may be in flight: the ring must hold that many messages");
 
 RankIoLayout RankIoLayout::For(int max_tokens, int hidden, int top_k, int slots) {
   RankIoLayout l;
@@ -92,9 +94,11 @@ Result<std::unique_ptr<RankIo>> RankIo::Open(const std::string& name, const Rank
 bool RankIo::Post(Channel channel, const std::string& message) {
   if (message.size() > RankIoLayout::kMessageBytes) return false;
   ChannelHeader* h = header(channel);
-  std::memcpy(base() + RankIoLayout::message_offset(channel), message.data(), message.size());
-  h->bytes = static_cast<uint32_t>(message.size());
-  h->sequence.fetch_add(1, std::memory_order_release);
+  const uint32_t next = h->sequence.load(std::memory_order_relaxed) + 1;  // the only writer
+  const int area = static_cast<int>(next % RankIoLayout::kMessageRing);
+  std::memcpy(base() + RankIoLayout::message_offset(channel, area), message.data(), message.size());
+  h->bytes[area] = static_cast<uint32_t>(message.size());
+  h->sequence.store(next, std::memory_order_release);
   FutexWakeAll(&h->sequence);
   return true;
 }
@@ -115,10 +119,17 @@ bool RankIo::Wait(Channel channel, uint32_t* seen, std::chrono::milliseconds tim
     now = h->sequence.load(std::memory_order_acquire);
     if (now == *seen) return false;
   }
-  *seen = now;
-  const uint32_t bytes = std::min<uint32_t>(h->bytes, RankIoLayout::kMessageBytes);
-  message->assign(reinterpret_cast<const char*>(base() + RankIoLayout::message_offset(channel)),
-                  bytes);
+  if (now - *seen > static_cast<uint32_t>(RankIoLayout::kMessageRing)) {
+    // Only a writer that broke the ring's bound gets here: the oldest are overwritten.
+    spdlog::error("rank I/O: {} message(s) on channel {} were overwritten unread",
+                  now - *seen - RankIoLayout::kMessageRing, static_cast<int>(channel));
+    *seen = now - RankIoLayout::kMessageRing;
+  }
+  ++*seen;
+  const int area = static_cast<int>(*seen % RankIoLayout::kMessageRing);
+  const uint32_t bytes = std::min<uint32_t>(h->bytes[area], RankIoLayout::kMessageBytes);
+  message->assign(
+      reinterpret_cast<const char*>(base() + RankIoLayout::message_offset(channel, area)), bytes);
   return true;
 }
 

@@ -6,9 +6,11 @@
 // DMA) and writes the output into the same slot, where the coordinator assembles the response.
 //
 // The region also carries the step's metadata and the rank's result (the doorbell): each
-// direction is one message area with a sequence number the writer bumps and a futex the reader
-// sleeps on, so a step reaches the rank and its result the coordinator in a few microseconds
-// instead of through the gRPC control stream, which keeps membership, Setup, Abort and Shutdown.
+// direction is a ring of kMessageRing message areas with a sequence number the writer bumps and
+// a futex the reader sleeps on, so a step reaches the rank and its result the coordinator in a
+// few microseconds instead of through the gRPC control stream, which keeps membership, Setup,
+// Abort and Shutdown. The ring lets the coordinator post the next step while the rank still
+// runs the previous one (server.max_steps_in_flight); messages are read in the order posted.
 #pragma once
 
 #include <atomic>
@@ -24,11 +26,12 @@
 namespace gcmoe::server {
 
 // Where each tensor of a slot lives. Every slot holds a shard of up to `max_tokens` tokens in
-// the widest dtype each tensor may have; every area starts on a 4 KiB boundary. The two message
-// areas come first.
+// the widest dtype each tensor may have; every area starts on a 4 KiB boundary. The message
+// areas (each direction's ring) come first.
 struct RankIoLayout {
   static constexpr size_t kControlBytes = 4096;       // the two channels' headers
-  static constexpr size_t kMessageBytes = 256 << 10;  // each direction's message area
+  static constexpr size_t kMessageBytes = 256 << 10;  // each message area
+  static constexpr int kMessageRing = 2;              // message areas per direction
 
   int max_tokens = 0;
   int hidden = 0;
@@ -44,8 +47,10 @@ struct RankIoLayout {
 
   static RankIoLayout For(int max_tokens, int hidden, int top_k, int slots);
 
-  static size_t message_offset(int channel) { return kControlBytes + channel * kMessageBytes; }
-  static size_t slots_offset() { return kControlBytes + 2 * kMessageBytes; }
+  static size_t message_offset(int channel, int index) {
+    return kControlBytes + (static_cast<size_t>(channel) * kMessageRing + index) * kMessageBytes;
+  }
+  static size_t slots_offset() { return kControlBytes + 2 * kMessageRing * kMessageBytes; }
   size_t hidden_offset(int slot) const { return slots_offset() + slot * slot_bytes; }
   size_t scales_offset(int slot) const { return hidden_offset(slot) + hidden_bytes; }
   size_t ids_offset(int slot) const { return scales_offset(slot) + scales_bytes; }
@@ -55,7 +60,8 @@ struct RankIoLayout {
 
 class RankIo {
  public:
-  // Slots per region: a step's shard can be written while the previous step's output is read.
+  // Slots per region: the shards of up to kSlots steps in flight (a step's shard is written
+  // while the previous step runs or its output is read).
   static constexpr int kSlots = 2;
   // Every region's name starts with this; a rank opens no other name.
   static constexpr const char* kNamePrefix = "gcmoe-io";
@@ -79,11 +85,13 @@ class RankIo {
   uint8_t* weights(int slot) const { return base() + layout_.weights_offset(slot); }
   uint8_t* output(int slot) const { return base() + layout_.output_offset(slot); }
 
-  // Writes `message` into `channel`'s area and wakes its reader. False when it does not fit
-  // (the caller then uses the control stream). One writer per channel, and a writer posts again
-  // only after the other side has answered, so a message is never overwritten unread.
+  // Writes `message` into the next area of `channel`'s ring and wakes its reader. False when it
+  // does not fit (the caller then uses the control stream). One writer per channel, and a writer
+  // has at most kMessageRing messages unanswered (a step per I/O slot; a result per step the
+  // coordinator sent), so a message is never overwritten unread.
   bool Post(Channel channel, const std::string& message);
-  // Waits up to `timeout` for a message newer than *seen; true with its bytes in *message.
+  // Waits up to `timeout` for the message after *seen; true with its bytes in *message and
+  // *seen advanced by one, so every message is read once, in the order posted.
   bool Wait(Channel channel, uint32_t* seen, std::chrono::milliseconds timeout,
             std::string* message);
   // Wakes `channel`'s reader without a message (it rechecks whatever made it stop).
@@ -93,8 +101,8 @@ class RankIo {
 
  private:
   struct alignas(64) ChannelHeader {
-    std::atomic<uint32_t> sequence;
-    uint32_t bytes;
+    std::atomic<uint32_t> sequence;              // messages posted so far
+    uint32_t bytes[RankIoLayout::kMessageRing];  // message `sequence` is in area sequence % ring
   };
   RankIo(std::unique_ptr<SharedMemory> memory, const RankIoLayout& layout)
       : memory_(std::move(memory)), layout_(layout) {}

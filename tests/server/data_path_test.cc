@@ -27,13 +27,11 @@ gcmoe::v1::ForwardResponse Forward(const std::string& address,
 }
 
 TEST(DataPathTest, InlineSharedMemoryStreamedAndMergedOutputsAreByteIdentical) {
-  auto inline_service =
-      StartServe(TwoRanksWith({"--set", "server.rank_io=inline"}), "dp_inline",
-                 milliseconds(60000));
+  auto inline_service = StartServe(TwoRanksWith({"--set", "server.rank_io=inline"}), "dp_inline",
+                                   milliseconds(60000));
   // Every step waits 50 ms for more calls: concurrent callers share steps.
-  auto shm_service =
-      StartServe(TwoRanksWith({"--set", "server.batch_window_us=50000"}), "dp_shm",
-                 milliseconds(60000));
+  auto shm_service = StartServe(TwoRanksWith({"--set", "server.batch_window_us=50000"}), "dp_shm",
+                                milliseconds(60000));
   ASSERT_TRUE(inline_service && shm_service);
   const std::vector<gcmoe::v1::ForwardRequest> requests = DataPathRequests(100, "req-");
 
@@ -108,12 +106,53 @@ TEST(DataPathTest, InlineSharedMemoryStreamedAndMergedOutputsAreByteIdentical) {
   EXPECT_GT(most_merged, 1u) << "no two concurrent calls shared a step";
 }
 
+TEST(DataPathTest, PipelinedStepsOverlapAndReturnTheBytesOfStepsOneAtATime) {
+  // One call per step (no merging), so concurrent callers make many steps back to back.
+  auto pipelined = StartServe(TwoRanksWith({"--set", "server.max_batch_calls=1"}), "dp_pipelined",
+                              milliseconds(60000));
+  auto one_at_a_time = StartServe(
+      TwoRanksWith({"--set", "server.max_batch_calls=1", "--set", "server.max_steps_in_flight=1"}),
+      "dp_serial", milliseconds(60000));
+  ASSERT_TRUE(pipelined && one_at_a_time);
+  const std::vector<gcmoe::v1::ForwardRequest> requests = DataPathRequests(300, "pipe-");
+  std::vector<std::string> reference;
+  for (const auto& request : requests) {
+    const gcmoe::v1::ForwardResponse r = Forward(one_at_a_time->address, request);
+    EXPECT_EQ(r.stats().steps_in_flight(), 1u);
+    reference.push_back(r.output().data());
+  }
+
+  // Every request four times over, all at once: each call its own step.
+  constexpr int kRounds = 4;
+  auto run_all = [&](const std::string& address, const char* what) {
+    std::vector<std::future<gcmoe::v1::ForwardResponse>> calls;
+    for (int round = 0; round < kRounds; ++round) {
+      for (const auto& request : requests) {
+        calls.push_back(std::async(std::launch::async,
+                                   [&address, &request] { return Forward(address, request); }));
+      }
+    }
+    uint32_t most_in_flight = 0;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const gcmoe::v1::ForwardResponse r = calls[i].get();
+      const size_t j = i % requests.size();
+      EXPECT_EQ(r.stats().batched_calls(), 1u);
+      EXPECT_GE(r.stats().steps_in_flight(), 1u);
+      most_in_flight = std::max(most_in_flight, r.stats().steps_in_flight());
+      EXPECT_EQ(r.output().data(), reference[j]) << requests[j].request_id() << " (" << what << ")";
+    }
+    return most_in_flight;
+  };
+  EXPECT_EQ(run_all(pipelined->address, "pipelined"), 2u)
+      << "no step was sent while another ran: " << pipelined->process->Log();
+  EXPECT_EQ(run_all(one_at_a_time->address, "one at a time"), 1u);
+}
+
 TEST(DataPathTest, MergedStepsNeverExceedTheRankCapacity) {
   // Capacity 16 tokens per rank, 2 ranks: three concurrent 13-token calls cannot share one step.
-  auto service = StartServe(
-      TwoRanksWith(
-          {"--set", "server.batch_window_us=50000", "--set", "engine.max_tokens_per_rank=16"}),
-      "dp_capacity", milliseconds(60000));
+  auto service = StartServe(TwoRanksWith({"--set", "server.batch_window_us=50000", "--set",
+                                          "engine.max_tokens_per_rank=16"}),
+                            "dp_capacity", milliseconds(60000));
   ASSERT_TRUE(service);
   std::vector<gcmoe::v1::ForwardRequest> requests;
   for (int i = 0; i < 3; ++i) {

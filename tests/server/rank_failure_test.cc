@@ -136,6 +136,47 @@ TEST(RankFailureTest, RankDyingUnderMergedAndStreamedCallsFailsEachWithUnavailab
       << service.Logs();
 }
 
+TEST(RankFailureTest, RankDyingWithTwoStepsInFlightFailsBothAndEveryQueuedCall) {
+  // One call per step: with rank 1 frozen, the first step waits at the ranks, the second is
+  // sent behind it (server.max_steps_in_flight 2), and the other calls queue.
+  SeparateProcesses service("pipelined", {"--set", "engine.exchange_timeout_ms=60000", "--set",
+                                          "server.max_batch_calls=1"});
+  ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(60000))) << service.Logs();
+  gcmoe::v1::ForwardResponse expected;
+  ASSERT_TRUE(CallForward(service.address(), 11, 40, &expected).ok()) << service.Logs();
+  service.rank(1).Signal(SIGSTOP);
+  std::vector<std::future<grpc::Status>> calls;
+  for (int i = 0; i < 4; ++i) {
+    calls.push_back(std::async(std::launch::async, [&, i] {
+      gcmoe::v1::ForwardResponse response;
+      const grpc::Status status = CallForward(service.address(), 11 + i, 40 + i, &response);
+      EXPECT_TRUE(status.ok() || response.output().data().empty()) << "bytes with an error";
+      return status;
+    }));
+    std::this_thread::sleep_for(milliseconds(50));  // in this order
+  }
+  std::this_thread::sleep_for(milliseconds(300));
+  service.rank(1).Signal(SIGKILL);
+  for (auto& call : calls) {
+    ASSERT_EQ(call.wait_for(std::chrono::seconds(5)), std::future_status::ready) << service.Logs();
+    const grpc::Status status = call.get();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  }
+  // The second step was in flight beside the first and failed with it.
+  EXPECT_NE(service.coordinator().Log().find("was abandoned with step"), std::string::npos)
+      << service.Logs();
+
+  // The survivor left both steps (the second aborted before it began); the new epoch serves
+  // the same bytes as before.
+  service.StartRank(1);
+  ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(30000))) << service.Logs();
+  gcmoe::v1::ForwardResponse after;
+  ASSERT_TRUE(CallForward(service.address(), 11, 40, &after).ok()) << service.Logs();
+  EXPECT_EQ(after.output().data(), expected.output().data());
+  EXPECT_EQ(service.coordinator().Log().find("did not leave aborted step"), std::string::npos)
+      << service.Logs();
+}
+
 TEST(RankFailureTest, HungRankIsCutOffAndRejoinsWhenItResumes) {
   SeparateProcesses service("hang", {"--set", "engine.exchange_timeout_ms=500"});
   ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(60000))) << service.Logs();
