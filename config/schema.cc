@@ -267,6 +267,7 @@ void ReadServer(ObjectReader r, ServerConfig* s) {
         &s->max_batch_calls);
   r.Int("max_steps_in_flight", {.min = 1, .max = 2, .expected = "1 or 2"},
         &s->max_steps_in_flight);
+  r.OneOf("spin_wait", {"auto", "on", "off"}, &s->spin_wait);
   r.Bool("echo", &s->echo);
   r.Bool("allow_registered_memory", &s->allow_registered_memory);
   r.String(

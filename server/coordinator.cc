@@ -74,7 +74,8 @@ void Coordinator::StartResultReader(const std::shared_ptr<RankSession>& session,
     std::string bytes;
     internal::RankMessage message;
     while (!stop->load()) {
-      if (!io->Wait(RankIo::kToCoordinator, &seen, std::chrono::milliseconds(100), &bytes)) {
+      if (!io->Wait(RankIo::kToCoordinator, &seen, options_.spin, std::chrono::milliseconds(100),
+                    &bytes)) {
         continue;
       }
       if (stop->load()) break;
@@ -265,6 +266,7 @@ void Coordinator::FailInFlightLocked(uint64_t generation, Status failure) {
     // A step with every result in has completed (its leader may be assembling it).
     if (step.failed || step.pending == 0) continue;
     step.failed = true;
+    step.Settle();
     step.failure = g == generation
                        ? failure
                        : Unavailable("step " + std::to_string(g) + " was abandoned with step " +
@@ -351,6 +353,7 @@ void Coordinator::OnMessage(const std::shared_ptr<RankSession>& session,
         step.arrived_ns[r] = MonotonicNs();
         step.reported[r] = true;
         --step.pending;
+        step.Settle();
         if (result.code() != 0) {
           FailInFlightLocked(result.generation(),
                              Status(static_cast<StatusCode>(result.code()),
@@ -386,6 +389,7 @@ void Coordinator::Unregister(const std::shared_ptr<RankSession>& session) {
         if (step.reported[r]) continue;
         step.reported[r] = true;
         --step.pending;
+        step.Settle();
         if (first_owed == 0) first_owed = g;
       }
       if (first_owed != 0) {

@@ -75,6 +75,7 @@ struct CoordinatorOptions {
   std::chrono::microseconds batch_window{0};  // server.batch_window_us
   int max_batch_calls = 64;                   // server.max_batch_calls
   int max_steps_in_flight = 2;                // server.max_steps_in_flight
+  std::chrono::microseconds spin{0};          // from server.spin_wait (HotPathSpinBudget)
 };
 
 class Coordinator {
@@ -135,10 +136,16 @@ class Coordinator {
     bool failed = false;
     Status failure;
     bool leader_gone = false;    // failed, and its leader no longer reads this
+    bool on_stream = false;      // sent on a control stream to some rank
     std::vector<bool> reported;  // [P] result received, or the rank is gone
     int pending = 0;
     std::vector<gcmoe::internal::v1::StepResult> results;  // [P]
     std::vector<int64_t> arrived_ns;                       // [P] when each result came
+    // pending == 0 || failed, readable without the lock (its leader spins on it first).
+    std::atomic<bool> settled{false};
+    void Settle() {
+      if (pending == 0 || failed) settled.store(true, std::memory_order_release);
+    }
   };
   // One Forward call, from admission until its caller has its answer.
   struct Call {

@@ -8,6 +8,8 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
+#include "common/spin_wait.h"
+
 namespace gcmoe::server {
 namespace {
 
@@ -88,6 +90,7 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
   options.batch_window = std::chrono::microseconds(config.server.batch_window_us);
   options.max_batch_calls = config.server.max_batch_calls;
   options.max_steps_in_flight = config.server.max_steps_in_flight;
+  options.spin = HotPathSpinBudget(config.server.spin_wait, config.engine.backend);
   options.config_digest = config.Digest();
   options.max_queue = config.server.max_queue;
   options.exchange_timeout_ms = config.engine.exchange_timeout_ms;

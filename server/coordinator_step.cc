@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/spin_wait.h"
 #include "server/coordinator.h"
 
 namespace gcmoe::server {
@@ -237,13 +238,20 @@ Result<Coordinator::SentStep> Coordinator::SendStep(const std::vector<Call*>& ca
     all_doorbell = all_doorbell && sent.ios[r] && sent.sessions[r] &&
                    step->ByteSizeLong() <= RankIoLayout::kMessageBytes;
   }
+  // A rank reads its doorbell and its control stream on different threads, so a step on one
+  // could overtake a step on the other: a step that goes on a control stream, or follows one
+  // still in flight, goes once the steps before it are over.
   bool abandoned = false;
-  if (!all_doorbell) {
-    // A step on a control stream could overtake the one before it on a doorbell: it goes once
-    // the steps before it are over.
+  {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this, generation] { return in_flight_.begin()->first == generation; });
-    abandoned = in_flight_.at(generation).failed;
+    in_flight_.at(generation).on_stream = !all_doorbell;
+    const bool after_stream =
+        std::any_of(in_flight_.begin(), in_flight_.find(generation),
+                    [](const auto& earlier) { return earlier.second.on_stream; });
+    if (!all_doorbell || after_stream) {
+      cv_.wait(lock, [this, generation] { return in_flight_.begin()->first == generation; });
+      abandoned = in_flight_.at(generation).failed;
+    }
   }
   for (int r = 0; r < P; ++r) {
     // A rank with a region gets the step through its doorbell, else on its control stream.
@@ -255,6 +263,7 @@ Result<Coordinator::SentStep> Coordinator::SendStep(const std::vector<Call*>& ca
       if (!step.reported[r]) {
         step.reported[r] = true;
         --step.pending;
+        step.Settle();
       }
       if (!abandoned) {
         FailInFlightLocked(
@@ -274,8 +283,15 @@ Status Coordinator::FinishStep(const std::vector<Call*>& calls, const SentStep& 
   const std::vector<int64_t>& counts = sent.counts;
 
   std::unique_lock<std::mutex> lock(mu_);
+  // The entry stays until this leader is done with it.
   InFlight& step = in_flight_.at(generation);
   const auto step_deadline = Clock::now() + std::chrono::milliseconds(options_.step_timeout_ms);
+  if (!step.settled.load(std::memory_order_acquire)) {
+    // A short step's results come within the spin: no wake-up from sleep for them.
+    lock.unlock();
+    SpinUntil([&step] { return step.settled.load(std::memory_order_acquire); }, options_.spin);
+    lock.lock();
+  }
   cv_.wait_until(lock, step_deadline, [&step] { return step.pending == 0 || step.failed; });
   if (!step.failed && step.pending > 0) {
     std::string missing;

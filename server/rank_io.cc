@@ -12,6 +12,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/spin_wait.h"
+
 namespace gcmoe::server {
 namespace {
 
@@ -103,17 +105,16 @@ bool RankIo::Post(Channel channel, const std::string& message) {
   return true;
 }
 
-bool RankIo::Wait(Channel channel, uint32_t* seen, std::chrono::milliseconds timeout,
-                  std::string* message) {
+bool RankIo::Wait(Channel channel, uint32_t* seen, std::chrono::microseconds spin,
+                  std::chrono::milliseconds timeout, std::string* message) {
   ChannelHeader* h = header(channel);
-  uint32_t now = h->sequence.load(std::memory_order_acquire);
-  if (now == *seen) {
-    // A short spin first: a result often follows within microseconds of the wait.
-    for (int i = 0; i < 2000 && now == *seen; ++i) {
-      std::this_thread::yield();
-      now = h->sequence.load(std::memory_order_acquire);
-    }
-  }
+  uint32_t now = *seen;
+  SpinUntil(
+      [&] {
+        now = h->sequence.load(std::memory_order_acquire);
+        return now != *seen;
+      },
+      spin);
   if (now == *seen) {
     FutexWait(&h->sequence, now, timeout);
     now = h->sequence.load(std::memory_order_acquire);

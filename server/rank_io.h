@@ -90,10 +90,11 @@ class RankIo {
   // has at most kMessageRing messages unanswered (a step per I/O slot; a result per step the
   // coordinator sent), so a message is never overwritten unread.
   bool Post(Channel channel, const std::string& message);
-  // Waits up to `timeout` for the message after *seen; true with its bytes in *message and
-  // *seen advanced by one, so every message is read once, in the order posted.
-  bool Wait(Channel channel, uint32_t* seen, std::chrono::milliseconds timeout,
-            std::string* message);
+  // Waits up to `timeout` for the message after *seen, spinning for up to `spin` of it before it
+  // sleeps (server.spin_wait); true with its bytes in *message and *seen advanced by one, so
+  // every message is read once, in the order posted.
+  bool Wait(Channel channel, uint32_t* seen, std::chrono::microseconds spin,
+            std::chrono::milliseconds timeout, std::string* message);
   // Wakes `channel`'s reader without a message (it rechecks whatever made it stop).
   void Wake(Channel channel);
   // The sequence number of `channel`'s latest message (a new reader starts from it).

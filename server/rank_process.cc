@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/spin_wait.h"
 #include "server/coordinator_server.h"
 #include "server/engine_config.h"
 #include "server/systemd_notify.h"
@@ -38,6 +39,8 @@ Result<std::unique_ptr<RankProcess>> RankProcess::Create(const RankProcessOption
                          AttachSecret::Load(options.config.server.rank_secret_file));
   std::unique_ptr<RankProcess> process(new RankProcess(std::move(secret)));
   process->options_ = options;
+  process->spin_ =
+      HotPathSpinBudget(options.config.server.spin_wait, options.config.engine.backend);
   GCMOE_ASSIGN_OR_RETURN(BalancerSetup balancing, BalancerFromConfig(options.config));
   const engine::EngineOptions engine_options = EngineOptionsFromConfig(
       options.config, options.rank, process->secret_.InstanceName(options.config.Digest()));
@@ -97,8 +100,7 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
   }
   auto channel = grpc::CreateCustomChannel(options_.coordinator, *credentials, args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(1))) {
-    spdlog::debug("rank {}: coordinator {} not reachable yet", options_.rank,
-                  options_.coordinator);
+    spdlog::debug("rank {}: coordinator {} not reachable yet", options_.rank, options_.coordinator);
     // A coordinator that is still starting is the usual reason; a refused TLS handshake looks
     // the same from here (only the coordinator's log names the certificate), so say so.
     ++failed_connects_;
@@ -121,6 +123,7 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
     context_ = &context;
     session_over_ = false;
     queue_.clear();
+    queued_.store(false);
   }
   std::unique_ptr<Stream> stream = stub->Attach(&context);
 
@@ -190,6 +193,7 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
                                         .count();
         std::lock_guard<std::mutex> lock(mu_);
         queue_.push_back(Received{std::move(message), received_ns});
+        queued_.store(true, std::memory_order_release);
         cv_.notify_all();
       }
     }
@@ -219,11 +223,15 @@ void RankProcess::WorkerLoop(Stream* stream) {
   for (;;) {
     Received received;
     {
+      // The next step usually comes within the spin (at once when the coordinator sent it while
+      // this one ran): no wake-up from sleep between steps.
+      SpinUntil([this] { return queued_.load(std::memory_order_acquire) || stop_.load(); }, spin_);
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return session_over_ || stop_.load() || !queue_.empty(); });
       if (session_over_ || stop_.load()) return;
       received = std::move(queue_.front());
       queue_.pop_front();
+      queued_.store(!queue_.empty(), std::memory_order_release);
       if (received.message.has_step()) running_generation_ = received.message.step().generation();
     }
     const internal::CoordinatorMessage& message = received.message;
@@ -276,14 +284,15 @@ void RankProcess::HandleSetup(const internal::Setup& setup, Stream* stream) {
   reply.mutable_ready()->set_epoch(setup.epoch());
   reply.mutable_ready()->set_io_error(io_error);
   gcmoe::v1::GpuMemory memory;
-  if (SampleGpuMemory(/*force=*/true, &memory)) *reply.mutable_ready()->mutable_gpu_memory() = memory;
+  if (SampleGpuMemory(/*force=*/true, &memory))
+    *reply.mutable_ready()->mutable_gpu_memory() = memory;
   if (!status.ok()) {
     reply.mutable_ready()->set_error(status.ToString());
     spdlog::error("rank {}: epoch {} setup failed: {}", options_.rank, setup.epoch(),
                   status.ToString());
   } else {
-    spdlog::info("rank {}: connected to {} peer(s) for epoch {}", options_.rank,
-                 peers.size() - 1, setup.epoch());
+    spdlog::info("rank {}: connected to {} peer(s) for epoch {}", options_.rank, peers.size() - 1,
+                 setup.epoch());
     // A rank unit (Type=notify) is active once its rank has joined an epoch; later READYs
     // are ignored by systemd.
     NotifySystemd("READY=1\nSTATUS=rank " + std::to_string(options_.rank) + " ready in epoch " +
@@ -305,7 +314,7 @@ void RankProcess::DoorbellLoop() {
   uint32_t seen = io_->sequence(RankIo::kToRank);
   std::string bytes;
   while (!doorbell_stop_.load()) {
-    if (!io_->Wait(RankIo::kToRank, &seen, std::chrono::milliseconds(100), &bytes)) continue;
+    if (!io_->Wait(RankIo::kToRank, &seen, spin_, std::chrono::milliseconds(100), &bytes)) continue;
     Received received;
     received.received_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                std::chrono::steady_clock::now().time_since_epoch())
@@ -317,6 +326,7 @@ void RankProcess::DoorbellLoop() {
     }
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(received));
+    queued_.store(true, std::memory_order_release);
     cv_.notify_all();
   }
 }

@@ -89,6 +89,8 @@ class RankProcess {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Received> queue_;  // Setup/Step for the worker
+  std::chrono::microseconds spin_{0};  // from server.spin_wait (HotPathSpinBudget)
+  std::atomic<bool> queued_{false};  // queue_ is not empty (set and cleared under mu_)
   bool session_over_ = false;
   uint64_t running_generation_ = 0;  // the step the worker is in (0: none)
   std::atomic<bool> stop_{false};

@@ -125,6 +125,8 @@ const BadConfig kBadConfigs[] = {
      "engine.cuda.wait_timeout_ms: expected an integer in 1..3600000 (milliseconds), got 0"},
     {"RankIoUnknown", [](json& j) { j["server"]["rank_io"] = "shm"; },
      "server.rank_io: expected \"auto\" or \"inline\", got \"shm\""},
+    {"SpinWaitUnknown", [](json& j) { j["server"]["spin_wait"] = "yes"; },
+     "server.spin_wait: expected \"auto\", \"on\" or \"off\", got \"yes\""},
     {"BatchWindowNegative", [](json& j) { j["server"]["batch_window_us"] = -1; },
      "server.batch_window_us: expected an integer in 0..1000000 (microseconds), got -1"},
     {"MaxBatchCallsZero", [](json& j) { j["server"]["max_batch_calls"] = 0; },

@@ -235,18 +235,24 @@ TEST(ConfigValues, ServerDataPathKeysTakeValuesAndStayOutOfTheDigest) {
   EXPECT_EQ(defaults.server.max_batch_calls, 64);
   EXPECT_FALSE(defaults.server.echo);
   EXPECT_FALSE(defaults.server.allow_registered_memory);
-  const Config set = MustParse(DefaultConfigText(),
-                               {"server.rank_io=inline", "server.batch_window_us=250",
-                                "server.max_batch_calls=8", "server.echo=true",
-                                "server.allow_registered_memory=true"});
+  EXPECT_EQ(defaults.server.max_steps_in_flight, 2);
+  EXPECT_EQ(defaults.server.spin_wait, "auto");
+  const Config set =
+      MustParse(DefaultConfigText(),
+                {"server.rank_io=inline", "server.batch_window_us=250", "server.max_batch_calls=8",
+                 "server.echo=true", "server.allow_registered_memory=true",
+                 "server.max_steps_in_flight=1", "server.spin_wait=off"});
   EXPECT_EQ(set.server.rank_io, "inline");
   EXPECT_EQ(set.server.batch_window_us, 250);
   EXPECT_EQ(set.server.max_batch_calls, 8);
   EXPECT_TRUE(set.server.echo);
   EXPECT_TRUE(set.server.allow_registered_memory);
+  EXPECT_EQ(set.server.max_steps_in_flight, 1);
+  EXPECT_EQ(set.server.spin_wait, "off");
   // The coordinator alone reads them: ranks with either setting may serve together.
   EXPECT_EQ(set.Digest(), defaults.Digest());
   EXPECT_NE(set.ToJson().find("\"rank_io\": \"inline\""), std::string::npos) << set.ToJson();
+  EXPECT_NE(set.ToJson().find("\"spin_wait\": \"off\""), std::string::npos) << set.ToJson();
 }
 
 TEST(ConfigOverrides, CreatesAbsentSections) {

@@ -19,6 +19,9 @@ namespace {
 
 using gcmoe::testing::SegmentExists;
 
+// Every wait spins a little first, as the service's do with server.spin_wait on.
+constexpr std::chrono::microseconds kSpin{200};
+
 // Creates `name` in a process that is SIGKILLed, then dates the segment a minute back.
 void LeaveBehind(const std::string& name) {
   gcmoe::testing::LeaveSegmentOfKilledProcess(name, 4096);
@@ -52,7 +55,7 @@ TEST(RankIoTest, DoorbellDeliversEveryMessageOnceInOrder) {
   RankIo& region = **io;
   uint32_t seen = region.sequence(RankIo::kToRank);
   std::string message;
-  EXPECT_FALSE(region.Wait(RankIo::kToRank, &seen, std::chrono::milliseconds(1), &message));
+  EXPECT_FALSE(region.Wait(RankIo::kToRank, &seen, kSpin, std::chrono::milliseconds(1), &message));
 
   // Two steps posted before the rank reads either (the pipeline's depth), of different sizes.
   static_assert(RankIoLayout::kMessageRing == 2);
@@ -60,32 +63,34 @@ TEST(RankIoTest, DoorbellDeliversEveryMessageOnceInOrder) {
   const std::string step2(7, 'b');
   ASSERT_TRUE(region.Post(RankIo::kToRank, step1));
   ASSERT_TRUE(region.Post(RankIo::kToRank, step2));
-  ASSERT_TRUE(region.Wait(RankIo::kToRank, &seen, std::chrono::milliseconds(100), &message));
+  ASSERT_TRUE(region.Wait(RankIo::kToRank, &seen, kSpin, std::chrono::milliseconds(100), &message));
   EXPECT_EQ(message, step1);
-  ASSERT_TRUE(region.Wait(RankIo::kToRank, &seen, std::chrono::milliseconds(100), &message));
+  ASSERT_TRUE(region.Wait(RankIo::kToRank, &seen, kSpin, std::chrono::milliseconds(100), &message));
   EXPECT_EQ(message, step2);
-  EXPECT_FALSE(region.Wait(RankIo::kToRank, &seen, std::chrono::milliseconds(1), &message));
+  EXPECT_FALSE(region.Wait(RankIo::kToRank, &seen, kSpin, std::chrono::milliseconds(1), &message));
   // The other direction is independent of this one.
   uint32_t results_seen = region.sequence(RankIo::kToCoordinator);
   EXPECT_EQ(results_seen, 0u);
-  EXPECT_FALSE(
-      region.Wait(RankIo::kToCoordinator, &results_seen, std::chrono::milliseconds(1), &message));
+  EXPECT_FALSE(region.Wait(RankIo::kToCoordinator, &results_seen, kSpin,
+                           std::chrono::milliseconds(1), &message));
 
   // Around the ring many times, one or two messages ahead of the reader.
   for (int i = 0; i < 9; ++i) {
     const std::string a = "step " + std::to_string(2 * i);
     const std::string b = "step " + std::to_string(2 * i + 1);
     ASSERT_TRUE(region.Post(RankIo::kToRank, a));
-    ASSERT_TRUE(region.Wait(RankIo::kToRank, &seen, std::chrono::milliseconds(100), &message));
+    ASSERT_TRUE(
+        region.Wait(RankIo::kToRank, &seen, kSpin, std::chrono::milliseconds(100), &message));
     EXPECT_EQ(message, a);
     ASSERT_TRUE(region.Post(RankIo::kToRank, b));
-    ASSERT_TRUE(region.Wait(RankIo::kToRank, &seen, std::chrono::milliseconds(100), &message));
+    ASSERT_TRUE(
+        region.Wait(RankIo::kToRank, &seen, kSpin, std::chrono::milliseconds(100), &message));
     EXPECT_EQ(message, b);
   }
 
   // A message larger than an area is refused (the caller sends it on the control stream).
   EXPECT_FALSE(region.Post(RankIo::kToRank, std::string(RankIoLayout::kMessageBytes + 1, 'c')));
-  EXPECT_FALSE(region.Wait(RankIo::kToRank, &seen, std::chrono::milliseconds(1), &message));
+  EXPECT_FALSE(region.Wait(RankIo::kToRank, &seen, kSpin, std::chrono::milliseconds(1), &message));
 }
 
 TEST(RankIoTest, AReaderBehindByMoreThanTheRingGetsTheNewestMessages) {
@@ -95,9 +100,11 @@ TEST(RankIoTest, AReaderBehindByMoreThanTheRingGetsTheNewestMessages) {
   uint32_t seen = 0;
   std::string message;
   for (const char* m : {"one", "two", "three"}) ASSERT_TRUE((*io)->Post(RankIo::kToCoordinator, m));
-  ASSERT_TRUE((*io)->Wait(RankIo::kToCoordinator, &seen, std::chrono::milliseconds(100), &message));
+  ASSERT_TRUE(
+      (*io)->Wait(RankIo::kToCoordinator, &seen, kSpin, std::chrono::milliseconds(100), &message));
   EXPECT_EQ(message, "two");
-  ASSERT_TRUE((*io)->Wait(RankIo::kToCoordinator, &seen, std::chrono::milliseconds(100), &message));
+  ASSERT_TRUE(
+      (*io)->Wait(RankIo::kToCoordinator, &seen, kSpin, std::chrono::milliseconds(100), &message));
   EXPECT_EQ(message, "three");
   EXPECT_EQ(seen, 3u);
 }
