@@ -4,10 +4,12 @@
 
 namespace gcmoe::server {
 
-// 1-3: the rank could not start (config or weights, usage, refused by the coordinator); a
-// restart would fail the same way.
-inline constexpr int kExitStartFailedFirst = 1;
-inline constexpr int kExitStartFailedLast = 3;
+// 1-3: the rank could not start; a restart would fail the same way.
+inline constexpr int kExitStartFailed = 1;  // its config, credentials or weights
+inline constexpr int kExitUsage = 2;        // its command line or coordinator address
+inline constexpr int kExitRefused = 3;      // the coordinator refused it for good
+inline constexpr int kExitStartFailedFirst = kExitStartFailed;
+inline constexpr int kExitStartFailedLast = kExitRefused;
 // Its GPU became unusable for the process (engine::Engine::device_lost): only a new process
 // computes again, so the supervisor restarts it.
 inline constexpr int kExitDeviceLost = 4;

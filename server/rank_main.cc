@@ -11,6 +11,7 @@
 #include "server/command_config.h"
 #include "server/commands.h"
 #include "server/logging.h"
+#include "server/rank_exit_codes.h"
 #include "server/rank_process.h"
 #include "server/signals.h"
 #include "server/systemd_notify.h"
@@ -39,22 +40,23 @@ int RunRankCommand(int argc, char** argv) {
   if (exit_with_coordinator) prctl(PR_SET_PDEATHSIG, SIGTERM);
 
   auto config = LoadConfigOrReport("rank", config_path, overrides);
-  if (!config) return 1;
+  if (!config) return kExitStartFailed;
   if (rank < 0 || rank >= config->parallel.ranks) {
     std::fprintf(stderr, "gcmoe rank: --rank %d, expected 0..%d (parallel.ranks = %d)\n", rank,
                  config->parallel.ranks - 1, config->parallel.ranks);
-    return 2;
+    return kExitUsage;
   }
   if (Status s = SetupLogging(config->logging, "rank " + std::to_string(rank)); !s.ok()) {
     std::fprintf(stderr, "gcmoe rank: %s\n", s.message().c_str());
-    return 1;
+    return kExitStartFailed;
   }
   if (coordinator.empty()) coordinator = config->server.coordinator;
   if (coordinator.empty()) coordinator = config->server.rank_listen;
   if (coordinator.empty() || coordinator.ends_with(":0")) {
-    spdlog::error("no coordinator address: pass --coordinator host:port or set "
-                  "server.coordinator");
-    return 2;
+    spdlog::error(
+        "no coordinator address: pass --coordinator host:port or set "
+        "server.coordinator");
+    return kExitUsage;
   }
 
   RankProcessOptions options;
@@ -65,7 +67,7 @@ int RunRankCommand(int argc, char** argv) {
   auto process = RankProcess::Create(options);
   if (!process.ok()) {
     spdlog::error("rank {} cannot start: {}", rank, process.status().ToString());
-    return 1;
+    return kExitStartFailed;
   }
   RankProcess* p = process->get();
   // Declared after the process, so it is stopped and joined before the process is destroyed.

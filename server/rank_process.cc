@@ -95,7 +95,7 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
       RankChannelCredentials(options_.config.server);
   if (!credentials.ok()) {
     spdlog::error("rank {}: {}", options_.rank, credentials.status().message());
-    *exit_code = 1;
+    *exit_code = kExitStartFailed;
     return false;
   }
   auto channel = grpc::CreateCustomChannel(options_.coordinator, *credentials, args);
@@ -168,7 +168,7 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
               "rank {}: the coordinator refused this rank: {} (this rank's config "
               "digest is {})",
               options_.rank, message.reject().reason(), options_.config.Digest());
-          *exit_code = 3;
+          *exit_code = kExitRefused;
           reconnect = false;
         }
         break;

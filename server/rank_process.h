@@ -40,7 +40,7 @@ class RankProcess {
   static Result<std::unique_ptr<RankProcess>> Create(const RankProcessOptions& options);
   ~RankProcess();
 
-  // Attaches and serves until Stop(), a Shutdown message, a final Reject (exit code 3), the loss
+  // Attaches and serves until Stop(), a Shutdown message, a final Reject (kExitRefused), the loss
   // of its GPU (kExitDeviceLost, once the failed step is answered), or the loss of the
   // coordinator with exit_with_coordinator. A retryable Reject (the rank's predecessor still
   // attached) dials again. Returns the process exit code.
