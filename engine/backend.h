@@ -122,6 +122,10 @@ class Backend {
 
   // Runs this rank's part of a step. Blocks until this rank's outputs are complete.
   virtual Status Step(const StepContext& ctx, StepOutput* out) = 0;
+  // Optional: starts moving the step's activations (ctx.hidden of ctx.num_tokens rows; ctx.plan
+  // is not made yet) to where Step reads them, so that the move overlaps the host work that
+  // plans the step. The Step of the same generation finds them there; any other ignores it.
+  virtual void PrefetchInputs(const StepContext& /*ctx*/) {}
 
   // Optional: host memory that steps will read inputs from and write outputs to, for as long as
   // it stays mapped (the CUDA backend pins it so that copies are one DMA). Undone by

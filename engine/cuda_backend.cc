@@ -401,12 +401,30 @@ Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
   return status;
 }
 
+void CudaBackend::PrefetchInputs(const StepContext& ctx) {
+  std::lock_guard<std::mutex> lock(step_mutex_);
+  prefetched_ = false;
+  // What Step would refuse is left to Step, which says why.
+  const bool fp8 = ctx.hidden.dtype == DType::kFP8E4M3;
+  if (ctx.num_tokens <= 0 || ctx.num_tokens > options_.max_tokens_per_rank ||
+      ctx.hidden.data == nullptr || (fp8 && ctx.hidden.scales == nullptr)) {
+    return;
+  }
+  if (!device_lost().empty() || !SelectDevice().ok()) return;
+  if (cudaEventRecord(stage_events_[0], graph_->stream()) != cudaSuccess) return;
+  if (UploadHidden(ctx) != cudaSuccess) return;  // Step copies again and reports the error
+  prefetched_ = true;
+  prefetched_generation_ = ctx.generation;
+}
+
 std::string CudaBackend::device_lost() const {
   std::lock_guard<std::mutex> lock(lost_mutex_);
   return lost_;
 }
 
 Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
+  const bool prefetched = prefetched_ && prefetched_generation_ == ctx.generation;
+  prefetched_ = false;
   GCMOE_RETURN_IF_ERROR(SelectDevice());
   GCMOE_RETURN_IF_ERROR(CheckStep(ctx));
   const ModelSpec& m = options_.model;
@@ -475,26 +493,12 @@ Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
   std::memcpy(staging_ + layout.blocks, blocks.data(), blocks.size() * sizeof(kernels::RingBlock));
 
   cudaStream_t s = graph_->stream();
-  const size_t in_bytes = static_cast<size_t>(T) * H * DTypeBytes(ctx.hidden.dtype);
-  cudaError_t err = cudaEventRecord(stage_events_[0], s);
+  cudaError_t err = prefetched ? cudaSuccess : cudaEventRecord(stage_events_[0], s);
   if (err == cudaSuccess) {
     err = cudaMemcpyAsync(graph_->step_inputs(), staging_, layout.BytesWith(blocks.size()),
                           cudaMemcpyHostToDevice, s);
   }
-  if (err == cudaSuccess && T > 0) {
-    err = dims_.hidden == H ? cudaMemcpyAsync(graph_->hidden_in(), ctx.hidden.data, in_bytes,
-                                              cudaMemcpyHostToDevice, s)
-                            : CopyPaddedHidden(ctx);
-    if (err == cudaSuccess && ctx.hidden.dtype == DType::kFP8E4M3) {
-      // The padding's scales stay as allocated (zero): nothing else writes this buffer.
-      err = dims_.hidden == H
-                ? cudaMemcpyAsync(graph_->hidden_scales_in(), ctx.hidden.scales,
-                                  static_cast<size_t>(T) * (H / 32), cudaMemcpyHostToDevice, s)
-                : cudaMemcpy2DAsync(graph_->hidden_scales_in(), dims_.hidden / 32,
-                                    ctx.hidden.scales, H / 32, H / 32, T, cudaMemcpyHostToDevice,
-                                    s);
-    }
-  }
+  if (err == cudaSuccess && T > 0 && !prefetched) err = UploadHidden(ctx);
   if (err == cudaSuccess && trace_role2_) err = graph_->ClearRole2Trace();
   if (err == cudaSuccess) err = cudaEventRecord(stage_events_[1], s);
   Status nccl_status = Status::Ok();
@@ -529,6 +533,27 @@ Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
   }
   if (trace_role2_) LogRole2Trace(header, ctx.generation);
   return Status::Ok();
+}
+
+cudaError_t CudaBackend::UploadHidden(const StepContext& ctx) {
+  const int T = ctx.num_tokens;
+  const int H = options_.model.hidden;
+  cudaStream_t s = graph_->stream();
+  cudaError_t err =
+      dims_.hidden == H
+          ? cudaMemcpyAsync(graph_->hidden_in(), ctx.hidden.data,
+                            static_cast<size_t>(T) * H * DTypeBytes(ctx.hidden.dtype),
+                            cudaMemcpyHostToDevice, s)
+          : CopyPaddedHidden(ctx);
+  if (err == cudaSuccess && ctx.hidden.dtype == DType::kFP8E4M3) {
+    // The padding's scales stay as allocated (zero): nothing else writes this buffer.
+    err = dims_.hidden == H
+              ? cudaMemcpyAsync(graph_->hidden_scales_in(), ctx.hidden.scales,
+                                static_cast<size_t>(T) * (H / 32), cudaMemcpyHostToDevice, s)
+              : cudaMemcpy2DAsync(graph_->hidden_scales_in(), dims_.hidden / 32,
+                                  ctx.hidden.scales, H / 32, H / 32, T, cudaMemcpyHostToDevice, s);
+  }
+  return err;
 }
 
 cudaError_t CudaBackend::CopyPaddedHidden(const StepContext& ctx) {

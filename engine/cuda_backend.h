@@ -46,6 +46,7 @@ class CudaBackend final : public Backend {
   Status ConnectPeers(const PeerSetup& setup) override;
   bool needs_nccl() const override { return alltoall_; }
   Status Step(const StepContext& ctx, StepOutput* out) override;
+  void PrefetchInputs(const StepContext& ctx) override;
   Status RegisterHostMemory(void* data, size_t bytes) override;
   void UnregisterHostMemory(void* data) override;
   bool QueryDeviceMemory(DeviceMemory* memory) const override;
@@ -97,6 +98,8 @@ class CudaBackend final : public Backend {
   Status CheckStep(const StepContext& ctx) const;
   // Step's work, under step_mutex_.
   Status RunStep(const StepContext& ctx, StepOutput* out);
+  // Enqueues the copy of the step's activations (and FP8 scales) into the graph's input.
+  cudaError_t UploadHidden(const StepContext& ctx);
   // The step's [T, H] input into the device buffer's rows of the padded H (dims_), padding
   // columns zero.
   cudaError_t CopyPaddedHidden(const StepContext& ctx);
@@ -140,7 +143,12 @@ class CudaBackend final : public Backend {
   AllToAllLayout partials_;                // and its return round
   // Timing of a step's stages: before the uploads, after them, after the layer, after the
   // output's copy back (StepOutput's h2d_ns, device_ns, d2h_ns).
+  // With PrefetchInputs, the first is recorded before the activations' copy, ahead of the host
+  // work that plans the step.
   cudaEvent_t stage_events_[4] = {};
+  // PrefetchInputs has enqueued this generation's activations (cleared by the next Step).
+  bool prefetched_ = false;
+  uint64_t prefetched_generation_ = 0;
   std::vector<void*> registered_;  // RegisterHostMemory's pinned ranges
   // Pinned host mirror of the graph's step inputs (kernels::StepInputsLayout), uploaded from
   // here in one copy: a copy from pageable memory goes through the driver's own bounce buffer.

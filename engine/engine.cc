@@ -88,6 +88,16 @@ Status Engine::Step(const StepRequest& request, StepOutput* output, StepStats* s
     return InvalidArgument("engine: step " + std::to_string(request.generation) +
                            " carries shard sizes or counts for another world size");
   }
+  StepContext ctx;
+  ctx.generation = request.generation;
+  ctx.layer = request.layer;
+  ctx.num_tokens = request.tokens_per_rank[me];
+  ctx.hidden = request.hidden;
+  ctx.topk_ids = request.topk_ids;
+  ctx.topk_weights = request.topk_weights;
+  ctx.output_fp32 = request.output_fp32;
+  // The activations' upload needs no plan: it runs while the balancer and the plan are made.
+  backend_->PrefetchInputs(ctx);
   expert_totals_.assign(experts, 0);
   for (int s = 0; s < world; ++s) {
     for (int e = 0; e < experts; ++e) {
@@ -107,15 +117,7 @@ Status Engine::Step(const StepRequest& request, StepOutput* output, StepStats* s
                            std::to_string(output_bytes) + " output bytes, its destination holds " +
                            std::to_string(output->destination.size()));
   }
-  StepContext ctx;
-  ctx.generation = request.generation;
-  ctx.layer = request.layer;
-  ctx.num_tokens = request.tokens_per_rank[me];
-  ctx.hidden = request.hidden;
-  ctx.topk_ids = request.topk_ids;
-  ctx.topk_weights = request.topk_weights;
   ctx.plan = &plan_;
-  ctx.output_fp32 = request.output_fp32;
   GCMOE_RETURN_IF_ERROR(backend_->Step(ctx, output));
   stats->load_before = split_.load_before;
   stats->load_after = plan_.load;

@@ -42,7 +42,9 @@ struct StepStats {
   int64_t solve_ns = 0;
   int64_t engine_ns = 0;  // this rank's whole step, solve included
   int64_t assignments_computed = 0;
-  // engine_ns's parts: the host work (split, plan, step tables) and the backend's stages.
+  // engine_ns's parts: the host work (split, plan, step tables) and the backend's stages. The
+  // CUDA backend's h2d runs from the activations' upload, which overlaps the host work, to the
+  // layer's start; host_ns is what is left of engine_ns.
   int64_t host_ns = 0;
   int64_t h2d_ns = 0;
   int64_t device_ns = 0;
