@@ -23,6 +23,23 @@ struct HiddenView {
   DType dtype = DType::kBF16;
   const void* data = nullptr;       // [T_r, H]
   const uint8_t* scales = nullptr;  // [T_r, H/32] UE8M0, with kFP8E4M3 only
+  // `data` is GPU memory (Backend::ImportDeviceMemory; BF16 or FP32 only): nobody has read its
+  // values on the host, so the backend checks them (StepOutput::hidden_fault).
+  bool on_device = false;
+};
+
+// The first value of a tensor the service refuses (DESIGN.md §4), found on the GPU.
+struct ValueFault {
+  int64_t index = -1;  // row-major element index; -1: none
+  float value = 0.0f;
+};
+
+// GPU memory of another process (a CUDA IPC export) mapped into this one, unmapped when the last
+// holder lets it go.
+struct ImportedMemory {
+  virtual ~ImportedMemory() = default;
+  uint8_t* data = nullptr;  // a device address (unified addressing), `size` bytes
+  uint64_t size = 0;
 };
 
 struct StepContext {
@@ -40,6 +57,11 @@ struct StepOutput {
   // Where the output goes: `destination` when the caller gives one (it must hold T_r x H x the
   // output dtype's bytes, e.g. a slot of the rank's shared-memory I/O region), else `output`.
   std::span<uint8_t> destination;
+  // `destination` is GPU memory (Backend::ImportDeviceMemory): the backend checks the output
+  // there for Inf and NaN (output_fault), since nobody reads it on the host.
+  bool destination_on_device = false;
+  ValueFault hidden_fault;  // with HiddenView::on_device: an activation beyond 2^32, Inf or NaN
+  ValueFault output_fault;  // with destination_on_device: an output element Inf or NaN
   std::vector<uint8_t> output;       // [T_r, H] BF16 or FP32, little-endian; storage reused
   int64_t assignments_computed = 0;  // routed assignments this rank computed (plus shared rows)
   // Where the backend's time went (0 where a stage does not exist, e.g. copies on the CPU).
@@ -132,6 +154,18 @@ class Backend {
   // UnregisterHostMemory before the memory is unmapped.
   virtual Status RegisterHostMemory(void* /*data*/, size_t /*bytes*/) { return Status::Ok(); }
   virtual void UnregisterHostMemory(void* /*data*/) {}
+
+  // Optional: maps bytes [offset, offset + bytes) of another process's GPU allocation, exported
+  // as `ipc_handle` (the 64 bytes of a cudaIpcMemHandle_t), for steps to read activations from
+  // and write outputs to (HiddenView::on_device, StepOutput::destination_on_device).
+  // INVALID_ARGUMENT (naming the registration's fields) when the handle does not open, the
+  // allocation is not on `device` or is shorter than offset + bytes; FAILED_PRECONDITION on a
+  // backend without a GPU. Thread-safe, and does not wait for a step in flight.
+  virtual Result<std::shared_ptr<ImportedMemory>> ImportDeviceMemory(
+      const std::string& /*ipc_handle*/, int /*device*/, uint64_t /*offset*/, uint64_t /*bytes*/) {
+    return FailedPrecondition("cuda_ipc: the " + name() +
+                              " backend has no GPU; CUDA IPC memory needs engine.backend cuda");
+  }
 
   // The memory of this backend's GPU now; false when it runs on none (the CPU backend) or the
   // driver cannot say. Costs a driver call: callers sample it, not every step.

@@ -333,6 +333,10 @@ void CpuBackend::Reduce(const StepContext& ctx, StepOutput* out) {
 }
 
 Status CpuBackend::Step(const StepContext& ctx, StepOutput* out) {
+  if (ctx.hidden.on_device || out->destination_on_device) {
+    return FailedPrecondition(
+        "cpu backend: a step's tensors in GPU memory need engine.backend cuda");
+  }
   GCMOE_RETURN_IF_ERROR(CheckStep(ctx));
   const auto start = std::chrono::steady_clock::now();
   const WaitLimits limits{options_.exchange_timeout_ms, &abort_generation_};

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include <cuda_runtime.h>
@@ -12,7 +13,9 @@
 
 #include "engine/cuda_error.h"
 #include "engine/cuda_ipc.h"
+#include "engine/cuda_memory_import.h"
 #include "kernels/role2_trace.h"
+#include "kernels/value_check.h"
 #include "kernels/wait_backoff.h"
 
 namespace gcmoe::engine {
@@ -146,6 +149,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
     return Internal("cuda backend: " + message);
   }
   std::unique_ptr<CudaBackend> backend(new CudaBackend(options, std::move(graph)));
+  err = cudaMalloc(&backend->faults_, 2 * sizeof(unsigned long long));
+  if (err == cudaSuccess) {
+    err =
+        cudaHostAlloc(&backend->faults_host_, 2 * sizeof(unsigned long long), cudaHostAllocDefault);
+  }
+  if (err != cudaSuccess) return CudaError("allocating the value-check results", err);
   backend->alltoall_ = alltoall;
   backend->dims_ = padded;
   backend->trace_role2_ = graph_options.trace_role2;
@@ -181,6 +190,8 @@ CudaBackend::~CudaBackend() {
   }
   for (void* data : registered_) cudaHostUnregister(data);
   if (staging_ != nullptr) cudaFreeHost(staging_);
+  if (faults_ != nullptr) cudaFree(faults_);
+  if (faults_host_ != nullptr) cudaFreeHost(faults_host_);
   nccl_.reset();
   ipc_peers_.Close();
   FreeWeights();
@@ -280,6 +291,10 @@ Status CudaBackend::CheckStep(const StepContext& ctx) const {
                                " tokens exceed the per-rank capacity of " +
                                std::to_string(options_.max_tokens_per_rank));
     }
+  }
+  if (ctx.hidden.on_device && ctx.hidden.dtype != DType::kBF16 &&
+      ctx.hidden.dtype != DType::kFP32) {
+    return InvalidArgument("cuda backend: activations in GPU memory must be BF16 or FP32");
   }
   if (ctx.hidden.dtype == DType::kFP8E4M3 && ctx.hidden.scales == nullptr && ctx.num_tokens > 0) {
     return InvalidArgument("cuda backend: FP8 hidden without scales");
@@ -499,6 +514,9 @@ Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
                           cudaMemcpyHostToDevice, s);
   }
   if (err == cudaSuccess && T > 0 && !prefetched) err = UploadHidden(ctx);
+  if (err == cudaSuccess && T > 0 && (ctx.hidden.on_device || out->destination_on_device)) {
+    err = CheckHiddenOnDevice(ctx);
+  }
   if (err == cudaSuccess && trace_role2_) err = graph_->ClearRole2Trace();
   if (err == cudaSuccess) err = cudaEventRecord(stage_events_[1], s);
   Status nccl_status = Status::Ok();
@@ -506,12 +524,19 @@ Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
   GCMOE_RETURN_IF_ERROR(nccl_status);
   if (err == cudaSuccess) err = cudaEventRecord(stage_events_[2], s);
   if (err == cudaSuccess && T > 0) {
-    // Rows of the padded H: their padding columns are dropped.
+    // Rows of the padded H: their padding columns are dropped. The destination is host memory,
+    // or a client's GPU memory (cudaMemcpyDefault tells them apart).
     err = dims_.hidden == H
-              ? cudaMemcpyAsync(output, graph_->output(), output_bytes, cudaMemcpyDeviceToHost, s)
-              : cudaMemcpy2DAsync(output, H * out_bytes, graph_->output(),
-                                  dims_.hidden * out_bytes, H * out_bytes, T,
-                                  cudaMemcpyDeviceToHost, s);
+              ? cudaMemcpyAsync(output, graph_->output(), output_bytes, cudaMemcpyDefault, s)
+              : cudaMemcpy2DAsync(output, H * out_bytes, graph_->output(), dims_.hidden * out_bytes,
+                                  H * out_bytes, T, cudaMemcpyDefault, s);
+  }
+  if (err == cudaSuccess && T > 0 && out->destination_on_device) {
+    err = CheckOutputOnDevice(ctx, output);
+  }
+  if (err == cudaSuccess && T > 0 && (ctx.hidden.on_device || out->destination_on_device)) {
+    err = cudaMemcpyAsync(faults_host_, faults_, 2 * sizeof(unsigned long long),
+                          cudaMemcpyDeviceToHost, s);
   }
   if (err == cudaSuccess) err = cudaEventRecord(stage_events_[3], s);
   if (err != cudaSuccess) return CudaError("launching step " + std::to_string(ctx.generation), err);
@@ -524,6 +549,7 @@ Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
     return Aborted("step " + std::to_string(ctx.generation) + " aborted");
   }
   out->assignments_computed = rows;
+  if (T > 0 && (ctx.hidden.on_device || out->destination_on_device)) ReadFaults(ctx, output, out);
   int64_t* const stages[3] = {&out->h2d_ns, &out->device_ns, &out->d2h_ns};
   for (int i = 0; i < 3; ++i) {
     float ms = 0.0f;
@@ -539,12 +565,11 @@ cudaError_t CudaBackend::UploadHidden(const StepContext& ctx) {
   const int T = ctx.num_tokens;
   const int H = options_.model.hidden;
   cudaStream_t s = graph_->stream();
-  cudaError_t err =
-      dims_.hidden == H
-          ? cudaMemcpyAsync(graph_->hidden_in(), ctx.hidden.data,
-                            static_cast<size_t>(T) * H * DTypeBytes(ctx.hidden.dtype),
-                            cudaMemcpyHostToDevice, s)
-          : CopyPaddedHidden(ctx);
+  cudaError_t err = dims_.hidden == H
+                        ? cudaMemcpyAsync(graph_->hidden_in(), ctx.hidden.data,
+                                          static_cast<size_t>(T) * H * DTypeBytes(ctx.hidden.dtype),
+                                          cudaMemcpyDefault, s)
+                        : CopyPaddedHidden(ctx);
   if (err == cudaSuccess && ctx.hidden.dtype == DType::kFP8E4M3) {
     // The padding's scales stay as allocated (zero): nothing else writes this buffer.
     err = dims_.hidden == H
@@ -554,6 +579,55 @@ cudaError_t CudaBackend::UploadHidden(const StepContext& ctx) {
                                   ctx.hidden.scales, H / 32, H / 32, T, cudaMemcpyHostToDevice, s);
   }
   return err;
+}
+
+cudaError_t CudaBackend::CheckHiddenOnDevice(const StepContext& ctx) {
+  cudaError_t err =
+      cudaMemsetAsync(faults_, 0xff, 2 * sizeof(unsigned long long), graph_->stream());
+  if (err != cudaSuccess || !ctx.hidden.on_device) return err;
+  // The bound the coordinator holds host activations to (DESIGN.md §4).
+  constexpr float kMaxActivation = 4294967296.0f;  // 2^32
+  return kernels::LaunchFirstBeyond(ctx.hidden.data, ctx.hidden.dtype == DType::kFP32,
+                                    static_cast<int64_t>(ctx.num_tokens) * options_.model.hidden,
+                                    kMaxActivation, &faults_[0], graph_->stream());
+}
+
+cudaError_t CudaBackend::CheckOutputOnDevice(const StepContext& ctx, const uint8_t* output) {
+  return kernels::LaunchFirstBeyond(
+      output, ctx.output_fp32, static_cast<int64_t>(ctx.num_tokens) * options_.model.hidden,
+      std::numeric_limits<float>::max(), &faults_[1], graph_->stream());
+}
+
+void CudaBackend::ReadFaults(const StepContext& ctx, const uint8_t* output, StepOutput* out) {
+  // The value at a found index, for the message: one small copy, on failures only.
+  auto value_at = [](const void* data, bool fp32, unsigned long long index) {
+    float value = 0.0f;
+    if (fp32) {
+      cudaMemcpy(&value, static_cast<const float*>(data) + index, 4, cudaMemcpyDefault);
+    } else {
+      uint16_t bits = 0;
+      cudaMemcpy(&bits, static_cast<const uint16_t*>(data) + index, 2, cudaMemcpyDefault);
+      const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+      std::memcpy(&value, &wide, 4);
+    }
+    return value;
+  };
+  out->hidden_fault = ValueFault{};
+  out->output_fault = ValueFault{};
+  if (ctx.hidden.on_device && faults_host_[0] != ~0ull) {
+    out->hidden_fault.index = static_cast<int64_t>(faults_host_[0]);
+    out->hidden_fault.value =
+        value_at(ctx.hidden.data, ctx.hidden.dtype == DType::kFP32, faults_host_[0]);
+  }
+  if (out->destination_on_device && faults_host_[1] != ~0ull) {
+    out->output_fault.index = static_cast<int64_t>(faults_host_[1]);
+    out->output_fault.value = value_at(output, ctx.output_fp32, faults_host_[1]);
+  }
+}
+
+Result<std::shared_ptr<ImportedMemory>> CudaBackend::ImportDeviceMemory(
+    const std::string& ipc_handle, int device, uint64_t offset, uint64_t bytes) {
+  return ImportCudaIpcMemory(ipc_handle, device, offset, bytes, options_.device);
 }
 
 cudaError_t CudaBackend::CopyPaddedHidden(const StepContext& ctx) {
@@ -572,7 +646,7 @@ cudaError_t CudaBackend::CopyPaddedHidden(const StepContext& ctx) {
     zero_padded_dtype_ = dtype;
   }
   return cudaMemcpy2DAsync(graph_->hidden_in(), pitch, ctx.hidden.data, row_bytes, row_bytes,
-                           static_cast<size_t>(ctx.num_tokens), cudaMemcpyHostToDevice, s);
+                           static_cast<size_t>(ctx.num_tokens), cudaMemcpyDefault, s);
 }
 
 Status CudaBackend::RegisterHostMemory(void* data, size_t bytes) {

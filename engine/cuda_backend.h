@@ -49,6 +49,9 @@ class CudaBackend final : public Backend {
   void PrefetchInputs(const StepContext& ctx) override;
   Status RegisterHostMemory(void* data, size_t bytes) override;
   void UnregisterHostMemory(void* data) override;
+  Result<std::shared_ptr<ImportedMemory>> ImportDeviceMemory(const std::string& ipc_handle,
+                                                             int device, uint64_t offset,
+                                                             uint64_t bytes) override;
   bool QueryDeviceMemory(DeviceMemory* memory) const override;
   std::string device_lost() const override;
   void Abort(uint64_t generation) override;
@@ -103,6 +106,11 @@ class CudaBackend final : public Backend {
   // The step's [T, H] input into the device buffer's rows of the padded H (dims_), padding
   // columns zero.
   cudaError_t CopyPaddedHidden(const StepContext& ctx);
+  // Enqueues the value checks of activations and outputs on the GPU (HiddenView::on_device,
+  // StepOutput::destination_on_device) into faults_; ReadFaults fills *out after the sync.
+  cudaError_t CheckHiddenOnDevice(const StepContext& ctx);
+  cudaError_t CheckOutputOnDevice(const StepContext& ctx, const uint8_t* output);
+  void ReadFaults(const StepContext& ctx, const uint8_t* output, StepOutput* out);
   // With GCMOE_CUDA_TRACE: role2's task timeline of the step just run, as one log entry.
   void LogRole2Trace(const kernels::StepHeader& header, uint64_t generation) const;
   // The all-to-all baseline's NCCL rounds in bytes, from tables_.
@@ -148,6 +156,10 @@ class CudaBackend final : public Backend {
   cudaEvent_t stage_events_[4] = {};
   // PrefetchInputs has enqueued this generation's activations (cleared by the next Step).
   bool prefetched_ = false;
+  // The first bad index of the activations [0] and of the output [1] (kernels/value_check.h):
+  // on the device, and its pinned copy read after the step's sync.
+  unsigned long long* faults_ = nullptr;
+  unsigned long long* faults_host_ = nullptr;
   uint64_t prefetched_generation_ = 0;
   std::vector<void*> registered_;  // RegisterHostMemory's pinned ranges
   // Pinned host mirror of the graph's step inputs (kernels::StepInputsLayout), uploaded from

@@ -79,6 +79,12 @@ class Engine {
     return backend_->RegisterHostMemory(data, bytes);
   }
   void UnregisterHostMemory(void* data) { backend_->UnregisterHostMemory(data); }
+  // Another process's GPU memory for steps' activations and outputs; see Backend.
+  Result<std::shared_ptr<ImportedMemory>> ImportDeviceMemory(const std::string& ipc_handle,
+                                                             int device, uint64_t offset,
+                                                             uint64_t bytes) {
+    return backend_->ImportDeviceMemory(ipc_handle, device, offset, bytes);
+  }
   bool QueryDeviceMemory(DeviceMemory* memory) const {
     return backend_->QueryDeviceMemory(memory);
   }
