@@ -30,8 +30,12 @@ std::string HostName() {
 // Calls can share a step when the ranks would run them the same way.
 bool Mergeable(const gcmoe::v1::ForwardRequest& a, const ValidatedForward& va,
                const gcmoe::v1::ForwardRequest& b, const ValidatedForward& vb) {
+  // A call with GPU memory runs alone: each rank's shard is then one range of its registration.
+  const auto on_device = [](const ValidatedForward& v) {
+    return v.bytes.hidden_device.region != 0 || v.bytes.output_device.region != 0;
+  };
   return a.layer() == b.layer() && va.hidden_dtype == vb.hidden_dtype &&
-         va.output_fp32 == vb.output_fp32;
+         va.output_fp32 == vb.output_fp32 && !on_device(va) && !on_device(vb);
 }
 
 }  // namespace
@@ -172,6 +176,7 @@ void Coordinator::MaybeStartEpochLocked(Outbox* outbox) {
                     id.status().ToString());
     }
   }
+  for (const auto& [id, region] : device_regions_) *setup->add_device_regions() = region;
   for (Slot& slot : slots_) {
     slot.ready = false;
     if (slot.io) {
@@ -336,11 +341,38 @@ void Coordinator::OnMessage(const std::shared_ptr<RankSession>& session,
           StopResultReader(&slots_[r]);
           slots_[r].io.reset();
         }
+        // A registration this restarted rank could not open again: calls naming it fail, and
+        // a registration still being opened learns it.
+        for (const internal::RegionOpened& lost : ready.unopened_regions()) {
+          if (device_regions_.erase(lost.id()) > 0) {
+            spdlog::error("registered GPU memory {} is lost: {} could not open it again: {}",
+                          lost.id(), session->Describe(), lost.error());
+            lost_regions_[lost.id()] = session->Describe() + ": " + lost.error();
+          }
+        }
+        for (auto& [id, opening] : openings_) {
+          if (opening.answered[r]) continue;
+          opening.answered[r] = true;
+          for (const internal::RegionOpened& lost : ready.unopened_regions()) {
+            if (lost.id() == id && opening.failure.ok()) {
+              opening.failure = Status(static_cast<StatusCode>(lost.code()), lost.error());
+            }
+          }
+        }
         slots_[r].ready = true;
         if (ReadyCountLocked() == options_.world_size) {
           epoch_pending_ = false;
           reconfiguring_ = false;
           SetServingLocked(true);
+        }
+      }
+    } else if (message.has_region_opened()) {
+      const internal::RegionOpened& opened = message.region_opened();
+      auto it = openings_.find(opened.id());
+      if (it != openings_.end() && !it->second.answered[r]) {
+        it->second.answered[r] = true;
+        if (!opened.error().empty() && it->second.failure.ok()) {
+          it->second.failure = Status(static_cast<StatusCode>(opened.code()), opened.error());
         }
       }
     } else if (message.has_step_result()) {
@@ -367,6 +399,79 @@ void Coordinator::OnMessage(const std::shared_ptr<RankSession>& session,
   work_cv_.notify_all();
   Deliver(&outbox);
   NotifyServing();
+}
+
+Result<uint64_t> Coordinator::OpenDeviceRegion(internal::DeviceRegion region,
+                                               Clock::duration timeout) {
+  const int P = options_.world_size;
+  Outbox outbox;
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!serving_) {
+      return Unavailable(
+          "cuda_ipc: the service is not serving (its ranks are not all ready); "
+          "register again once it is");
+    }
+    for (int r = 0; r < P; ++r) {
+      if (slots_[r].session->hello().host() != host_) {
+        return FailedPrecondition("cuda_ipc: rank " + std::to_string(r) + " runs on " +
+                                  slots_[r].session->hello().host() +
+                                  ", not on the coordinator's host; GPU memory is served only "
+                                  "when every rank runs beside the coordinator");
+      }
+    }
+    id = ++last_region_id_;
+    region.set_id(id);
+    // Listed at once, so that a rank restarting meanwhile opens it with its Setup.
+    device_regions_[id] = region;
+    openings_[id].answered.assign(P, false);
+    internal::CoordinatorMessage message;
+    *message.mutable_open_region() = region;
+    for (int r = 0; r < P; ++r) outbox.emplace_back(slots_[r].session, message);
+  }
+  Deliver(&outbox);
+  Status failure;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    Opening& opening = openings_.at(id);
+    const bool all = cv_.wait_for(lock, timeout, [&opening] {
+      return std::all_of(opening.answered.begin(), opening.answered.end(),
+                         [](bool a) { return a; });
+    });
+    failure = opening.failure;
+    if (!all && failure.ok()) {
+      failure = Unavailable(
+          "cuda_ipc: not every rank opened the memory within " +
+          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
+          " ms");
+    }
+    openings_.erase(id);
+    if (failure.ok() && device_regions_.count(id) == 0) {
+      failure = Unavailable("cuda_ipc: a rank restarted and could not open the memory: " +
+                            lost_regions_[id]);
+    }
+  }
+  if (!failure.ok()) {
+    CloseDeviceRegion(id);  // on the ranks that did open it
+    return failure;
+  }
+  return id;
+}
+
+void Coordinator::CloseDeviceRegion(uint64_t id) {
+  Outbox outbox;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    device_regions_.erase(id);
+    lost_regions_.erase(id);
+    internal::CoordinatorMessage message;
+    message.mutable_close_region()->set_id(id);
+    for (const Slot& slot : slots_) {
+      if (slot.session) outbox.emplace_back(slot.session, message);
+    }
+  }
+  Deliver(&outbox);
 }
 
 void Coordinator::Unregister(const std::shared_ptr<RankSession>& session) {
@@ -461,10 +566,11 @@ std::vector<Coordinator::Call*> Coordinator::TakeBatchLocked() {
   int tokens = 0;
   for (auto it = pending_.begin(); it != pending_.end();) {
     Call* call = *it;
-    const bool fits =
-        static_cast<int>(batch.size()) < options_.max_batch_calls &&
-        tokens + call->validated->num_tokens <= max_tokens &&
-        Mergeable(*first->request, *first->validated, *call->request, *call->validated);
+    // The oldest call always runs; the others join it when they can merge with it.
+    const bool fits = call == first || (static_cast<int>(batch.size()) < options_.max_batch_calls &&
+                                        tokens + call->validated->num_tokens <= max_tokens &&
+                                        Mergeable(*first->request, *first->validated,
+                                                  *call->request, *call->validated));
     if (!fits) {
       ++it;
       continue;

@@ -107,6 +107,16 @@ class Coordinator {
                  Clock::time_point deadline, const std::function<bool()>& cancelled,
                  gcmoe::v1::ForwardResponse* response);
 
+  // Registered GPU memory (RegisterMemory's cuda_ipc): every rank opens `region` (whose id this
+  // sets) before this returns its id; on the first rank's error (INVALID_ARGUMENT naming the
+  // field for a handle, device or size that does not fit) the others close it again.
+  // FAILED_PRECONDITION unless every rank runs on this host; UNAVAILABLE while the service is not
+  // serving or when a rank does not answer within `timeout`.
+  Result<uint64_t> OpenDeviceRegion(gcmoe::internal::v1::DeviceRegion region,
+                                    Clock::duration timeout);
+  // The registration of region `id` is gone and no call uses it: every rank closes it.
+  void CloseDeviceRegion(uint64_t id);
+
   bool serving() const;
   // Forward calls waiting behind the steps in flight.
   int queue_depth() const;
@@ -259,6 +269,18 @@ class Coordinator {
   std::deque<Call*> pending_;
   bool sending_ = false;             // a leader is forming or sending a step
   std::condition_variable work_cv_;  // the leader: a call arrived, or the state changed
+  // cuda_ipc registrations (OpenDeviceRegion) every rank holds open; each Setup lists them, so a
+  // restarted rank opens them again before it is Ready.
+  std::map<uint64_t, gcmoe::internal::v1::DeviceRegion> device_regions_;
+  // Those a restarted rank could not open again: why, by id (calls naming them fail).
+  std::map<uint64_t, std::string> lost_regions_;
+  // OpenDeviceRegion calls waiting for the ranks: which have answered, and the first failure.
+  struct Opening {
+    std::vector<bool> answered;  // [P]
+    Status failure;
+  };
+  std::map<uint64_t, Opening> openings_;
+  uint64_t last_region_id_ = 0;
   int result_readers_ = 0;           // StartResultReader threads still running (guarded by mu_)
 
   std::mutex notify_mu_;  // serializes serving callbacks so the last one reflects the state

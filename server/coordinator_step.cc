@@ -74,7 +74,9 @@ void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<
       data->resize(static_cast<size_t>(rows) * row_bytes);
       return reinterpret_cast<uint8_t*>(data->data());
     };
-    dst_hidden = sized(step->mutable_hidden(), rb.hidden);
+    // A call with GPU memory runs alone; its rank reads hidden there.
+    const bool device_hidden = calls.front()->validated->bytes.hidden_device.region != 0;
+    dst_hidden = device_hidden ? nullptr : sized(step->mutable_hidden(), rb.hidden);
     if (fp8) dst_scales = sized(step->mutable_hidden_scales(), rb.scales);
     dst_ids = sized(step->mutable_topk_ids(), rb.ids);
     dst_weights = sized(step->mutable_topk_weights(), rb.weights);
@@ -87,7 +89,22 @@ void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<
       std::memcpy(dst + p.shard_row * row_bytes, src.data + p.call_row * row_bytes,
                   p.rows * row_bytes);
     };
-    copy(dst_hidden, b.hidden, rb.hidden);
+    // GPU memory: the rank reads its rows there (the call runs alone: this is its one piece).
+    auto span = [&p](internal::DeviceSpan* span, const DeviceBytes& device, size_t row_bytes) {
+      span->set_region(device.region);
+      span->set_offset(device.offset + p.call_row * row_bytes);
+      span->set_byte_size(p.rows * row_bytes);
+    };
+    if (b.hidden_device.region != 0 || b.output_device.region != 0) step->set_first_row(p.call_row);
+    if (b.output_device.region != 0) {
+      span(step->mutable_output_device(), b.output_device,
+           static_cast<size_t>(H) * (calls[p.call]->validated->output_fp32 ? 4 : 2));
+    }
+    if (b.hidden_device.region != 0) {
+      span(step->mutable_hidden_device(), b.hidden_device, rb.hidden);
+    } else {
+      copy(dst_hidden, b.hidden, rb.hidden);
+    }
     if (fp8) copy(dst_scales, b.hidden_scales, rb.scales);
     copy(dst_ids, b.topk_ids, rb.ids);
     copy(dst_weights, b.topk_weights, rb.weights);
@@ -113,6 +130,7 @@ Status Coordinator::AssembleOutputs(const std::vector<Call*>& calls,
       outputs[i] = calls[i]->validated->bytes.output;
       continue;
     }
+    if (calls[i]->validated->bytes.output_device.region != 0) continue;  // the ranks wrote it
     std::string* data = output->mutable_data();
     data->resize(static_cast<size_t>(calls[i]->validated->num_tokens) * row_bytes);
     outputs[i] = reinterpret_cast<uint8_t*>(data->data());
@@ -133,6 +151,7 @@ Status Coordinator::AssembleOutputs(const std::vector<Call*>& calls,
       src = reinterpret_cast<const uint8_t*>(data.data());
     }
     for (const Piece& p : pieces[r]) {
+      if (outputs[p.call] == nullptr) continue;
       std::memcpy(outputs[p.call] + p.call_row * row_bytes, src + p.shard_row * row_bytes,
                   p.rows * row_bytes);
     }
@@ -200,6 +219,19 @@ Result<Coordinator::SentStep> Coordinator::SendStep(const std::vector<Call*>& ca
     std::lock_guard<std::mutex> lock(mu_);
     // A failure since the leader looked leaves the ranks' exchange to be reset by a new epoch.
     if (!serving_) return NotServingLocked();
+    // GPU memory every rank must still hold open (a restarted rank may have lost it).
+    for (const Call* call : calls) {
+      const ForwardBytes& b = call->validated->bytes;
+      for (const auto& [field, device] : {std::pair{"hidden.region", b.hidden_device},
+                                          std::pair{"output_region", b.output_device}}) {
+        if (device.region == 0 || device_regions_.count(device.region) > 0) continue;
+        const auto lost = lost_regions_.find(device.region);
+        return FailedPrecondition(
+            std::string(field) + ": the registered GPU memory is no longer open on every rank (" +
+            (lost == lost_regions_.end() ? std::string("closed") : lost->second) +
+            "); unregister it and register it again");
+      }
+    }
     sent.generation = ++generation_;
     epoch = epoch_;
     passes = planner_->passes();
@@ -357,6 +389,11 @@ Status Coordinator::FinishStep(const std::vector<Call*>& calls, const SentStep& 
   const auto assemble_start = Clock::now();
   if (status.ok()) {
     status = AssembleOutputs(calls, sent.pieces, sent.ios, sent.io_slot, results, generation);
+  }
+  // Values the ranks found bad in GPU memory (a call with GPU memory runs alone): the call's
+  // error, as host bytes would have been; the step itself completed.
+  for (int r = 0; r < P && status.ok(); ++r) {
+    if (!results[r].value_error().empty()) status = InvalidArgument(results[r].value_error());
   }
   const auto assembled = Clock::now();
   lock.lock();

@@ -9,6 +9,10 @@
 // could make a rank index out of range. It is therefore copied out of the region first (8 bytes
 // per slot, against H x 2 or more per token of activations) and validated and used from the
 // copy.
+//
+// GPU memory (cuda_ipc) holds only `hidden` (BF16 or FP32) and the output: the coordinator checks
+// their ranges and sizes, and the ranks read and write them on the GPU and check their values
+// there. The routing never lives there (the coordinator reads it), nor FP8 scales.
 #pragma once
 
 #include <memory>

@@ -236,7 +236,7 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardBy
   }
   GCMOE_RETURN_IF_ERROR(
       CheckMatrix("hidden", hidden, bytes.hidden, hidden.dtype(), T, H, "[T, H]", elem));
-  if (hidden.dtype() != gcmoe::v1::FP8_E4M3) {
+  if (hidden.dtype() != gcmoe::v1::FP8_E4M3 && !bytes.hidden.on_device) {
     GCMOE_RETURN_IF_ERROR(CheckHiddenValues(hidden.dtype(), bytes.hidden, H));
   }
 
@@ -282,11 +282,12 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardBy
       return InvalidArgument(std::string("output_dtype: ") + DTypeName(request.output_dtype()) +
                              ", expected BF16 or FP32");
   }
-  if (bytes.output != nullptr) {
+  if (bytes.output != nullptr || bytes.output_device.region != 0) {
     const int out_elem = out->output_fp32 ? 4 : 2;
     const int64_t expected = T * H * out_elem;
-    if (static_cast<int64_t>(bytes.output_size) != expected) {
-      return InvalidArgument("output_region.byte_size: " + std::to_string(bytes.output_size) +
+    const uint64_t size = bytes.output != nullptr ? bytes.output_size : bytes.output_device.size;
+    if (static_cast<int64_t>(size) != expected) {
+      return InvalidArgument("output_region.byte_size: " + std::to_string(size) +
                              " bytes, expected " + std::to_string(expected) + " ([T, H] x " +
                              std::to_string(out_elem) + " bytes of output_dtype)");
     }

@@ -36,6 +36,16 @@ struct TensorBytes {
   const uint8_t* data = nullptr;
   size_t size = 0;
   bool in_region = false;  // size errors name "<field>.region.byte_size", else "<field>.data"
+  // GPU memory (a cuda_ipc registration; data is null): the size is checked here, the values
+  // by the ranks on the GPU (StepResult.value_error).
+  bool on_device = false;
+};
+
+// A range of a cuda_ipc registration (DeviceRegistration), which every rank has opened.
+struct DeviceBytes {
+  uint64_t region = 0;  // its id; 0: none
+  uint64_t offset = 0;
+  uint64_t size = 0;
 };
 
 // Where a Forward's inputs are read from and its output written to.
@@ -46,6 +56,8 @@ struct ForwardBytes {
   TensorBytes topk_weights;
   uint8_t* output = nullptr;  // output_region's bytes; null: the output goes in the response
   size_t output_size = 0;
+  DeviceBytes hidden_device;  // hidden in GPU memory (hidden.on_device)
+  DeviceBytes output_device;  // output_region in GPU memory (output stays null)
 };
 
 // A request's tensors as the message carries them.

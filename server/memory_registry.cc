@@ -106,23 +106,20 @@ Status MappedRegion::CheckStillBacked(const std::string& field) const {
   return Status::Ok();
 }
 
-Status MemoryRegistry::RegisterPosixShm(const std::string& owner, const std::string& name,
-                                        const std::string& key, uint64_t offset,
-                                        uint64_t byte_size) {
+Status MemoryRegistry::CheckNewName(const std::string& owner, const std::string& name) const {
   if (name.empty() || name.size() > kMaxNameBytes || !Printable(name)) {
     return InvalidArgument("name: " + std::to_string(name.size()) + " bytes, expected 1 to " +
                            std::to_string(kMaxNameBytes) + " printable ASCII bytes");
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (regions_.count({owner, name}) > 0) {
-      return AlreadyExists("name: \"" + name + "\" is already registered; unregister it first");
-    }
-  }
-  // Mapped outside the lock: shm_open and mmap need not hold up other calls' lookups.
-  GCMOE_ASSIGN_OR_RETURN(std::shared_ptr<MappedRegion> region,
-                         MappedRegion::Map("posix_shm", key, offset, byte_size));
   std::lock_guard<std::mutex> lock(mu_);
+  if (regions_.count({owner, name}) > 0) {
+    return AlreadyExists("name: \"" + name + "\" is already registered; unregister it first");
+  }
+  return Status::Ok();
+}
+
+Status MemoryRegistry::CheckRoomLocked(const std::string& owner, const std::string& name,
+                                       const char* field, uint64_t byte_size) const {
   if (regions_.count({owner, name}) > 0) {
     return AlreadyExists("name: \"" + name + "\" is already registered; unregister it first");
   }
@@ -131,13 +128,34 @@ Status MemoryRegistry::RegisterPosixShm(const std::string& owner, const std::str
                              " registrations, its limit; unregister one first");
   }
   if (byte_size > kMaxRegisteredBytes - registered_bytes_) {
-    return ResourceExhausted("posix_shm.byte_size: " + std::to_string(byte_size) +
+    return ResourceExhausted(std::string(field) + ".byte_size: " + std::to_string(byte_size) +
                              " more bytes would exceed the service's limit of " +
                              std::to_string(kMaxRegisteredBytes) + " registered bytes (" +
                              std::to_string(registered_bytes_) + " registered)");
   }
+  return Status::Ok();
+}
+
+Status MemoryRegistry::RegisterPosixShm(const std::string& owner, const std::string& name,
+                                        const std::string& key, uint64_t offset,
+                                        uint64_t byte_size) {
+  GCMOE_RETURN_IF_ERROR(CheckNewName(owner, name));
+  // Mapped outside the lock: shm_open and mmap need not hold up other calls' lookups.
+  GCMOE_ASSIGN_OR_RETURN(std::shared_ptr<MappedRegion> region,
+                         MappedRegion::Map("posix_shm", key, offset, byte_size));
+  std::lock_guard<std::mutex> lock(mu_);
+  GCMOE_RETURN_IF_ERROR(CheckRoomLocked(owner, name, "posix_shm", byte_size));
   registered_bytes_ += byte_size;
-  regions_.emplace(std::make_pair(owner, name), std::move(region));
+  regions_.emplace(std::make_pair(owner, name), Entry{std::move(region), nullptr});
+  return Status::Ok();
+}
+
+Status MemoryRegistry::RegisterDevice(const std::string& owner, const std::string& name,
+                                      std::shared_ptr<const DeviceRegistration> registration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  GCMOE_RETURN_IF_ERROR(CheckRoomLocked(owner, name, "cuda_ipc", registration->size()));
+  registered_bytes_ += registration->size();
+  regions_.emplace(std::make_pair(owner, name), Entry{nullptr, std::move(registration)});
   return Status::Ok();
 }
 
@@ -147,7 +165,7 @@ Status MemoryRegistry::Unregister(const std::string& owner, const std::string& n
   if (found == regions_.end()) {
     return NotFound("name: \"" + name + "\" is not registered");
   }
-  registered_bytes_ -= found->second->size();
+  registered_bytes_ -= found->second.size();
   // Calls holding the mapping keep it until they finish (RegionBytes::mapping).
   regions_.erase(found);
   return Status::Ok();
@@ -156,7 +174,7 @@ Status MemoryRegistry::Unregister(const std::string& owner, const std::string& n
 Result<RegionBytes> MemoryRegistry::Resolve(const std::string& owner, const std::string& field,
                                             const std::string& name, uint64_t offset,
                                             uint64_t byte_size) const {
-  std::shared_ptr<const MappedRegion> region;
+  Entry entry;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const auto found = regions_.find({owner, name});
@@ -164,19 +182,25 @@ Result<RegionBytes> MemoryRegistry::Resolve(const std::string& owner, const std:
       return NotFound(field + ": \"" + name +
                       "\" is not a registered region, expected a name given to RegisterMemory");
     }
-    region = found->second;
+    entry = found->second;
   }
-  if (offset > region->size() || byte_size > region->size() - offset) {
+  const uint64_t size = entry.size();
+  if (offset > size || byte_size > size - offset) {
     return InvalidArgument(field + ": bytes [" + std::to_string(offset) + ", " +
                            std::to_string(offset) + " + " + std::to_string(byte_size) +
-                           ") are outside the registration's " + std::to_string(region->size()) +
-                           " bytes");
+                           ") are outside the registration's " + std::to_string(size) + " bytes");
   }
-  GCMOE_RETURN_IF_ERROR(region->CheckStillBacked(field));
   RegionBytes bytes;
-  bytes.data = region->data() + offset;
   bytes.size = static_cast<size_t>(byte_size);
-  bytes.mapping = std::move(region);
+  if (entry.device) {
+    bytes.device_region = entry.device->id();
+    bytes.device_offset = offset;
+    bytes.mapping = std::move(entry.device);
+    return bytes;
+  }
+  GCMOE_RETURN_IF_ERROR(entry.host->CheckStillBacked(field));
+  bytes.data = entry.host->data() + offset;
+  bytes.mapping = std::move(entry.host);
   return bytes;
 }
 

@@ -1,8 +1,10 @@
-// Registered memory (MoeService.RegisterMemory): POSIX shared-memory objects a co-located
-// frontend creates, registers once under a name of its choosing, and then names in Forward calls
-// (TensorRegion) instead of sending tensor bytes through gRPC. The coordinator maps each
-// registration (PROT_READ | PROT_WRITE, MAP_SHARED), reads a call's inputs from it straight into
-// the ranks' shard slots and writes its output there.
+// Registered memory (MoeService.RegisterMemory): POSIX shared-memory objects or CUDA allocations
+// a co-located frontend creates, registers once under a name of its choosing, and then names in
+// Forward calls (TensorRegion) instead of sending tensor bytes through gRPC. The coordinator maps
+// each shared-memory registration (PROT_READ | PROT_WRITE, MAP_SHARED), reads a call's inputs
+// from it straight into the ranks' shard slots and writes its output there. A CUDA allocation is
+// opened by every rank instead (Coordinator::OpenDeviceRegion): the coordinator holds its id and
+// size, checks each call's ranges against them, and the ranks copy from and to it on the GPU.
 //
 // Trust: the mapped bytes are the client's and may change at any time. Everything the service
 // reads from a region is validated exactly as inline bytes are (server/forward_validation.h),
@@ -15,11 +17,12 @@
 //
 // Lifetime: a mapping is reference-counted. Unregister removes the name at once, and the memory
 // stays mapped until the last call that resolved it has finished, so a call in flight completes
-// from it.
+// from it; the ranks close a CUDA registration only then (DeviceRegistration's closer).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -62,11 +65,35 @@ class MappedRegion {
   uint64_t end_ = 0;  // offset + byte_size within the object
 };
 
-// A resolved TensorRegion: its bytes and the mapping they stay valid with.
+// A CUDA allocation every rank has opened as DeviceRegion `id`. Its last holder (the registry,
+// or a call that resolved it) runs `closer`, which tells the ranks to close it.
+class DeviceRegistration {
+ public:
+  DeviceRegistration(uint64_t id, uint64_t size, std::function<void(uint64_t)> closer)
+      : id_(id), size_(size), closer_(std::move(closer)) {}
+  ~DeviceRegistration() {
+    if (closer_) closer_(id_);
+  }
+  DeviceRegistration(const DeviceRegistration&) = delete;
+  DeviceRegistration& operator=(const DeviceRegistration&) = delete;
+
+  uint64_t id() const { return id_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  uint64_t id_;
+  uint64_t size_;
+  std::function<void(uint64_t)> closer_;
+};
+
+// A resolved TensorRegion: its bytes (host memory), or its range of a DeviceRegistration, and
+// what they stay valid with.
 struct RegionBytes {
-  uint8_t* data = nullptr;
+  uint8_t* data = nullptr;  // null for GPU memory
   size_t size = 0;
-  std::shared_ptr<const MappedRegion> mapping;
+  uint64_t device_region = 0;  // GPU memory: the DeviceRegistration's id (0: host memory)
+  uint64_t device_offset = 0;  // and where in it the bytes start
+  std::shared_ptr<const void> mapping;
 };
 
 class MemoryRegistry {
@@ -81,6 +108,13 @@ class MemoryRegistry {
   // MappedRegion::Map. Field names in errors are RegisterMemoryRequest's.
   Status RegisterPosixShm(const std::string& owner, const std::string& name,
                           const std::string& key, uint64_t offset, uint64_t byte_size);
+  // The same bounds for GPU memory the ranks have opened. Dropping `registration` (on any error)
+  // closes it on the ranks.
+  Status RegisterDevice(const std::string& owner, const std::string& name,
+                        std::shared_ptr<const DeviceRegistration> registration);
+  // Whether `owner` may register `name` now (the checks both Register calls make first): a
+  // cuda_ipc registration asks before the ranks open anything.
+  Status CheckNewName(const std::string& owner, const std::string& name) const;
   // NOT_FOUND when `owner` has no registration `name`.
   Status Unregister(const std::string& owner, const std::string& name);
   // Bytes [offset, offset + byte_size) of `owner`'s registration `name`; errors name `field`
@@ -94,7 +128,17 @@ class MemoryRegistry {
 
  private:
   mutable std::mutex mu_;
-  std::map<std::pair<std::string, std::string>, std::shared_ptr<const MappedRegion>> regions_;
+  // One registration: exactly one of the two is set.
+  struct Entry {
+    std::shared_ptr<const MappedRegion> host;
+    std::shared_ptr<const DeviceRegistration> device;
+    uint64_t size() const { return host ? host->size() : device->size(); }
+  };
+  // Under mu_: both Register calls' checks of the name, the count and the bytes.
+  Status CheckRoomLocked(const std::string& owner, const std::string& name, const char* field,
+                         uint64_t byte_size) const;
+
+  std::map<std::pair<std::string, std::string>, Entry> regions_;
   uint64_t registered_bytes_ = 0;
 };
 

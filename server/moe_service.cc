@@ -128,10 +128,13 @@ Status MoeServiceImpl::RunForward(grpc::ServerContext* context,
         request, validated, deadline, [context] { return context->IsCancelled(); }, response);
     // An overflowed layer is an error, never an OK carrying Inf or NaN (DESIGN.md §4).
     if (status.ok()) {
-      status = validated.bytes.output == nullptr
-                   ? ValidateForwardOutput(response->output())
-                   : ValidateForwardOutput(response->output().dtype(), validated.bytes.output,
-                                           validated.bytes.output_size, limits_.hidden);
+      // (An output in GPU memory was checked there by the ranks.)
+      if (validated.bytes.output != nullptr) {
+        status = ValidateForwardOutput(response->output().dtype(), validated.bytes.output,
+                                       validated.bytes.output_size, limits_.hidden);
+      } else if (validated.bytes.output_device.region == 0) {
+        status = ValidateForwardOutput(response->output());
+      }
     }
   }
   if (!status.ok()) {
@@ -247,8 +250,8 @@ grpc::Status MoeServiceImpl::RegisterMemory(grpc::ServerContext* context,
     if (registry_ == nullptr) {
       result = RegisteredMemoryOff();
     } else if (request->has_cuda_ipc()) {
-      result = Unimplemented(
-          "cuda_ipc: CUDA IPC registrations are not served; only posix_shm is");
+      result = RegisterCudaIpc(RegistrationOwner(*context), request->name(), request->cuda_ipc());
+      if (result.ok()) response->set_byte_size(request->cuda_ipc().byte_size());
     } else if (!request->has_posix_shm()) {
       result = InvalidArgument("posix_shm: missing, expected the shared-memory object to register");
     } else {
@@ -266,6 +269,44 @@ grpc::Status MoeServiceImpl::RegisterMemory(grpc::ServerContext* context,
   }
   metrics_->RecordCall("RegisterMemory", GrpcCodeName(status), SecondsSince(start));
   return status;
+}
+
+Status MoeServiceImpl::RegisterCudaIpc(const std::string& owner, const std::string& name,
+                                       const gcmoe::v1::CudaIpcMemory& memory) {
+  if (config_.engine.backend != "cuda") {
+    return FailedPrecondition("cuda_ipc: the service runs engine.backend " +
+                              config_.engine.backend +
+                              "; GPU memory needs the cuda backend (posix_shm is served)");
+  }
+  if (memory.byte_size() == 0) {
+    return InvalidArgument("cuda_ipc.byte_size: 0, expected at least 1 byte");
+  }
+  if (memory.device_id() < 0) {
+    return InvalidArgument("cuda_ipc.device_id: " + std::to_string(memory.device_id()) +
+                           ", expected a device ordinal");
+  }
+  GCMOE_RETURN_IF_ERROR(registry_->CheckNewName(owner, name));
+  gcmoe::internal::v1::DeviceRegion region;
+  region.set_ipc_handle(memory.ipc_handle());
+  region.set_device(memory.device_id());
+  region.set_offset(memory.offset());
+  region.set_byte_size(memory.byte_size());
+  // Each rank opens it (the coordinator holds no CUDA context) and checks handle, device and
+  // size; a rank's error names the field.
+  constexpr auto kOpenTimeout = std::chrono::seconds(10);
+  GCMOE_ASSIGN_OR_RETURN(const uint64_t id, coordinator_->OpenDeviceRegion(region, kOpenTimeout));
+  Coordinator* coordinator = coordinator_;
+  auto registration = std::make_shared<const DeviceRegistration>(
+      id, memory.byte_size(), [coordinator](uint64_t closed) {
+        coordinator->CloseDeviceRegion(closed);
+        spdlog::info("registered GPU memory {} closed on the ranks", closed);
+      });
+  GCMOE_RETURN_IF_ERROR(registry_->RegisterDevice(owner, name, std::move(registration)));
+  spdlog::info(
+      "registered memory \"{}\": {} bytes of GPU memory on device {} at offset {} "
+      "({} registration(s))",
+      name, memory.byte_size(), memory.device_id(), memory.offset(), registry_->size());
+  return Status::Ok();
 }
 
 grpc::Status MoeServiceImpl::UnregisterMemory(grpc::ServerContext* context,
@@ -321,6 +362,7 @@ grpc::Status MoeServiceImpl::GetModelInfo(grpc::ServerContext* context,
     info->add_model_layers(m.moe_layer_ids.empty() ? l : m.moe_layer_ids[l]);
   }
   if (registry_) info->add_memory_kinds("posix_shm");
+  if (registry_ && config_.engine.backend == "cuda") info->add_memory_kinds("cuda_ipc");
   metrics_->RecordCall("GetModelInfo", "OK", SecondsSince(start));
   return grpc::Status::OK;
 }

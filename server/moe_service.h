@@ -67,6 +67,10 @@ class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
                     std::optional<std::string_view> request_id_header,
                     std::string* request_id_out, gcmoe::v1::ForwardResponse* response);
 
+  // RegisterMemory's cuda_ipc: every rank opens the memory, then the registry holds it.
+  Status RegisterCudaIpc(const std::string& owner, const std::string& name,
+                         const gcmoe::v1::CudaIpcMemory& memory);
+
   const config::Config config_;
   const int64_t max_message_bytes_;
   ForwardLimits limits_;

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <random>
 #include <thread>
 
@@ -187,7 +189,8 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
         spdlog::info("rank {}: shutting down ({})", options_.rank, message.shutdown().reason());
         reconnect = false;
         break;
-      } else if (message.has_setup() || message.has_step()) {
+      } else if (message.has_setup() || message.has_step() || message.has_open_region() ||
+                 message.has_close_region()) {
         const int64_t received_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                         std::chrono::steady_clock::now().time_since_epoch())
                                         .count();
@@ -204,6 +207,7 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
       cv_.notify_all();
     }
     worker.join();
+    device_regions_.clear();  // the registrations were the coordinator's session's
     UnmapIo();  // the coordinator's next session brings a new region
     context.TryCancel();
   }
@@ -237,6 +241,19 @@ void RankProcess::WorkerLoop(Stream* stream) {
     const internal::CoordinatorMessage& message = received.message;
     if (message.has_setup()) {
       HandleSetup(message.setup(), stream);
+    } else if (message.has_open_region()) {
+      const Status status = OpenRegion(message.open_region());
+      internal::RankMessage reply;
+      internal::RegionOpened* opened = reply.mutable_region_opened();
+      opened->set_id(message.open_region().id());
+      if (!status.ok()) {
+        opened->set_code(static_cast<int>(status.code()));
+        opened->set_error(status.message());
+      }
+      stream->Write(reply);
+    } else if (message.has_close_region()) {
+      // A step still using it holds its own reference.
+      device_regions_.erase(message.close_region().id());
     } else if (message.has_step()) {
       HandleStep(received, stream);
       std::lock_guard<std::mutex> lock(mu_);
@@ -275,6 +292,28 @@ void RankProcess::HandleSetup(const internal::Setup& setup, Stream* stream) {
     if (status.ok()) placement_version_ = setup.placement().version();
   }
   const std::string io_error = MapIo(setup);
+  // The registrations live now: those already open stay, the others open, the rest close.
+  std::map<uint64_t, std::shared_ptr<engine::ImportedMemory>> kept;
+  std::vector<internal::RegionOpened> unopened;
+  for (const internal::DeviceRegion& region : setup.device_regions()) {
+    const auto open = device_regions_.find(region.id());
+    if (open != device_regions_.end()) {
+      kept.insert(*open);
+      continue;
+    }
+    if (const Status opened = OpenRegion(region); !opened.ok()) {
+      spdlog::error("rank {}: cannot reopen registered GPU memory {}: {}", options_.rank,
+                    region.id(), opened.ToString());
+      internal::RegionOpened failure;
+      failure.set_id(region.id());
+      failure.set_code(static_cast<int>(opened.code()));
+      failure.set_error(opened.message());
+      unopened.push_back(std::move(failure));
+      continue;
+    }
+    kept.insert(*device_regions_.find(region.id()));
+  }
+  device_regions_ = std::move(kept);
   engine::PeerSetup peer_setup;
   peer_setup.epoch = setup.epoch();
   peer_setup.peer_names = peers;
@@ -283,6 +322,9 @@ void RankProcess::HandleSetup(const internal::Setup& setup, Stream* stream) {
   internal::RankMessage reply;
   reply.mutable_ready()->set_epoch(setup.epoch());
   reply.mutable_ready()->set_io_error(io_error);
+  for (internal::RegionOpened& failure : unopened) {
+    *reply.mutable_ready()->add_unopened_regions() = std::move(failure);
+  }
   gcmoe::v1::GpuMemory memory;
   if (SampleGpuMemory(/*force=*/true, &memory))
     *reply.mutable_ready()->mutable_gpu_memory() = memory;
@@ -299,6 +341,31 @@ void RankProcess::HandleSetup(const internal::Setup& setup, Stream* stream) {
                   std::to_string(setup.epoch()));
   }
   stream->Write(reply);
+}
+
+Status RankProcess::OpenRegion(const internal::DeviceRegion& region) {
+  GCMOE_ASSIGN_OR_RETURN(std::shared_ptr<engine::ImportedMemory> memory,
+                         engine_->ImportDeviceMemory(region.ipc_handle(), region.device(),
+                                                     region.offset(), region.byte_size()));
+  spdlog::info("rank {}: opened registered GPU memory {} ({} bytes on device {})", options_.rank,
+               region.id(), region.byte_size(), region.device());
+  device_regions_[region.id()] = std::move(memory);
+  return Status::Ok();
+}
+
+Result<std::pair<std::shared_ptr<engine::ImportedMemory>, uint8_t*>> RankProcess::ResolveSpan(
+    const std::string& field, const internal::DeviceSpan& span) const {
+  const auto found = device_regions_.find(span.region());
+  if (found == device_regions_.end()) {
+    return FailedPrecondition(field + ": registered GPU memory " + std::to_string(span.region()) +
+                              " is not open on rank " + std::to_string(options_.rank));
+  }
+  const uint64_t size = found->second->size;
+  if (span.offset() > size || span.byte_size() > size - span.offset()) {
+    return Internal(field + ": bytes beyond registered GPU memory " +
+                    std::to_string(span.region()));
+  }
+  return std::make_pair(found->second, found->second->data + span.offset());
 }
 
 void RankProcess::UnmapIo() {
@@ -396,6 +463,31 @@ void RankProcess::HandleStep(const Received& received, Stream* stream) {
     request.topk_ids = reinterpret_cast<const int32_t*>(step.topk_ids().data().data());
     request.topk_weights = reinterpret_cast<const float*>(step.topk_weights().data().data());
   }
+  // A call's activations or output in a client's GPU memory (the coordinator checked the spans
+  // against the registration; the rank against what it opened).
+  output_.destination_on_device = false;
+  std::shared_ptr<engine::ImportedMemory> hidden_memory;
+  std::shared_ptr<engine::ImportedMemory> output_memory;
+  const int64_t H = options_.config.model.hidden;
+  if (status.ok() && step.has_hidden_device()) {
+    auto span = ResolveSpan("hidden.region", step.hidden_device());
+    status = span.status();
+    if (status.ok()) {
+      hidden_memory = span->first;
+      request.hidden.data = span->second;
+      request.hidden.on_device = true;
+      request.hidden.scales = nullptr;
+    }
+  }
+  if (status.ok() && step.has_output_device()) {
+    auto span = ResolveSpan("output_region", step.output_device());
+    status = span.status();
+    if (status.ok()) {
+      output_memory = span->first;
+      output_.destination = std::span<uint8_t>(span->second, step.output_device().byte_size());
+      output_.destination_on_device = true;
+    }
+  }
   if (status.ok() && step.placement_version() != placement_version_) {
     status = Internal("step " + std::to_string(step.generation()) + " is for placement version " +
                       std::to_string(step.placement_version()) + ", this rank holds version " +
@@ -415,7 +507,31 @@ void RankProcess::HandleStep(const Received& received, Stream* stream) {
     out->set_dtype(request.output_fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
     out->add_shape(tokens_per_rank[options_.rank]);
     out->add_shape(options_.config.model.hidden);
-    if (!step.io()) out->set_data(output_.output.data(), output_.output.size());
+    if (!step.io() && !output_.destination_on_device) {
+      out->set_data(output_.output.data(), output_.output.size());
+    }
+    // Values found on the GPU that the service refuses: the call fails, the step did not. The
+    // messages are the coordinator's for host bytes (server/forward_validation.cc).
+    auto element = [&step, H](int64_t index) {
+      return "[" + std::to_string(step.first_row() + index / H) + ", " + std::to_string(index % H) +
+             "]";
+    };
+    if (request.hidden.on_device && output_.hidden_fault.index >= 0) {
+      const float v = output_.hidden_fault.value;
+      char text[32];
+      std::snprintf(text, sizeof(text), "%g", static_cast<double>(v));
+      result->set_value_error("hidden: element " + element(output_.hidden_fault.index) + " is " +
+                              (std::isnan(v) ? std::string("NaN, expected finite activations")
+                               : std::isinf(v)
+                                   ? std::string("Inf, expected finite activations")
+                                   : text + std::string(", expected a magnitude of at most 2^32 "
+                                                        "(DESIGN.md §4)")));
+    } else if (output_.destination_on_device && output_.output_fault.index >= 0) {
+      result->set_value_error("output: element " + element(output_.output_fault.index) + " is " +
+                              (std::isnan(output_.output_fault.value) ? "NaN" : "Inf") +
+                              ": the layer overflowed FP32 on this input; expected smaller "
+                              "hidden or topk_weights (DESIGN.md §4)");
+    }
     result->mutable_load_before()->Assign(stats_.load_before.begin(), stats_.load_before.end());
     result->mutable_load_after()->Assign(stats_.load_after.begin(), stats_.load_after.end());
     result->set_relief_passes(stats_.passes);

@@ -64,6 +64,12 @@ class RankProcess {
   void WorkerLoop(Stream* stream);
   void HandleSetup(const gcmoe::internal::v1::Setup& setup, Stream* stream);
   void HandleStep(const Received& received, Stream* stream);
+  // Opens a client's GPU memory (RegisterMemory's cuda_ipc) for later steps. Worker only.
+  Status OpenRegion(const gcmoe::internal::v1::DeviceRegion& region);
+  // The opened region `span` names, checked against its bytes ("<field>" in errors), and where
+  // in it the span starts.
+  Result<std::pair<std::shared_ptr<engine::ImportedMemory>, uint8_t*>> ResolveSpan(
+      const std::string& field, const gcmoe::internal::v1::DeviceSpan& span) const;
   // Maps the I/O region Setup names (or unmaps it when it names none); the error, if any.
   std::string MapIo(const gcmoe::internal::v1::Setup& setup);
   void UnmapIo();
@@ -81,6 +87,9 @@ class RankProcess {
   const AttachSecret secret_;
   std::unique_ptr<engine::Engine> engine_;
   engine::StepOutput output_;
+  // Clients' GPU memory opened for this session, by DeviceRegion id (worker only; released
+  // before the engine goes).
+  std::map<uint64_t, std::shared_ptr<engine::ImportedMemory>> device_regions_;
   engine::StepStats stats_;
   std::chrono::steady_clock::time_point memory_sampled_;  // worker only
   uint64_t placement_version_ = 0;  // of the placement installed by the last Setup (worker only)

@@ -17,6 +17,14 @@
 
 namespace gcmoe::server::testing {
 
+// A gRPC status with the code and a message containing the text.
+#define EXPECT_STATUS(status, want_code, want_text)                                         \
+  do {                                                                                      \
+    const grpc::Status s_ = (status);                                                       \
+    EXPECT_EQ(s_.error_code(), want_code) << s_.error_message();                            \
+    EXPECT_NE(s_.error_message().find(want_text), std::string::npos) << s_.error_message(); \
+  } while (0)
+
 using std::chrono::milliseconds;
 
 // The gcmoe binary under test (set at build time).
