@@ -42,7 +42,9 @@ constexpr const char* kSummary =
     "  echo      Echo calls with the same request and response bytes as Forward: the gRPC floor\n"
     "  forward   Forward calls (unary; `stream` rows: one ForwardStream per caller;\n"
     "            `registered` rows: unary calls whose tensors and output are in registered\n"
-    "            shared memory, server.allow_registered_memory, set when it starts the service)\n"
+    "            shared memory; `gpu` rows: whose activations and output are in this process's\n"
+    "            GPU memory registered as cuda_ipc, the routing inline (cuda backend only);\n"
+    "            both need server.allow_registered_memory, set when it starts the service)\n"
     "  engine    the slowest rank's engine time inside the service (ForwardStats.engine_ns)\n"
     "  overhead  (forward p50 - echo p50 - engine p50) / (echo p50 + engine p50)\n"
     "and the p50 of every stage of ForwardStats: validation, queueing, coordinator to rank, the\n"
@@ -137,7 +139,8 @@ class ServeChild {
                                      "--set",          "server.echo=true",
                                      "--set",          "server.listen=127.0.0.1:0",
                                      "--set",          "server.metrics_listen=127.0.0.1:0"};
-    if (o.modes.find("registered") != std::string::npos) {
+    if (o.modes.find("registered") != std::string::npos ||
+        o.modes.find("gpu") != std::string::npos) {
       args.insert(args.end(), {"--set", "server.allow_registered_memory=true"});
     }
     if (!o.config.empty()) args.insert(args.end(), {"--config", o.config});
@@ -247,7 +250,8 @@ int RunBenchServe(int argc, char** argv) {
             "calls go through one HTTP/2 transport on each side)");
   flags.String("modes", &o.modes,
                "unary, stream (ForwardStream per caller), registered (tensors in registered "
-               "shared memory), or a comma-separated list");
+               "shared memory), gpu (activations and output in registered GPU memory), or a "
+               "comma-separated list");
   flags.String("dtype", &o.dtype, "hidden dtype: bf16, fp32 or fp8");
   flags.Int("requests", &o.requests, "calls measured per row (after the warm-up)");
   flags.Int("warmup", &o.warmup, "calls before measuring each row");
@@ -267,10 +271,10 @@ int RunBenchServe(int argc, char** argv) {
   const bool unary = o.modes.find("unary") != std::string::npos;
   const bool stream = o.modes.find("stream") != std::string::npos;
   const bool registered = o.modes.find("registered") != std::string::npos;
+  const bool gpu = o.modes.find("gpu") != std::string::npos;
   v1::DType dtype;
-  if (!client::ParseDTypeName(o.dtype, &dtype) || (!unary && !stream && !registered) ||
-      o.requests < 1 ||
-      o.warmup < 0) {
+  if (!client::ParseDTypeName(o.dtype, &dtype) || (!unary && !stream && !registered && !gpu) ||
+      o.requests < 1 || o.warmup < 0) {
     std::fprintf(stderr, "gcmoe bench serve: bad --dtype, --modes, --requests or --warmup\n");
     return 2;
   }
@@ -370,18 +374,20 @@ int RunBenchServe(int argc, char** argv) {
                      echo_run.first_error.c_str());
       }
 
-      for (const std::string mode : {"unary", "stream", "registered"}) {
+      for (const std::string mode : {"unary", "stream", "registered", "gpu"}) {
         if ((mode == "unary" && !unary) || (mode == "stream" && !stream) ||
-            (mode == "registered" && !registered)) {
+            (mode == "registered" && !registered) || (mode == "gpu" && !gpu)) {
           continue;
         }
         // Each caller's requests with their tensors and output in registered memory.
         std::unique_ptr<RegisteredBuffers> buffers;
-        if (mode == "registered") {
+        if (mode == "registered" || mode == "gpu") {
           Result<std::unique_ptr<RegisteredBuffers>> made = RegisteredBuffers::Create(
-              stub.get(), requests, c, static_cast<int64_t>(T) * info.hidden() * 2, o.timeout_ms);
+              stub.get(), requests, c, static_cast<int64_t>(T) * info.hidden() * 2, o.timeout_ms,
+              mode == "gpu" ? RegisteredBuffers::Memory::kGpu
+                            : RegisteredBuffers::Memory::kPosixShm);
           if (!made.ok()) {
-            std::fprintf(stderr, "gcmoe bench serve: T %d C %d registered: %s\n", T, c,
+            std::fprintf(stderr, "gcmoe bench serve: T %d C %d %s: %s\n", T, c, mode.c_str(),
                          made.status().message().c_str());
             ++failed_rows;
             continue;
