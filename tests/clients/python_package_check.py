@@ -318,7 +318,8 @@ def check_typing_files():
     """The package ships its .pyi files (hand-written and protoc's) and the py.typed marker."""
     root = os.path.dirname(gcmoe.__file__)
     for name in ("__init__.pyi", "client.pyi", "aio.pyi", "stream.pyi", "numerics.pyi",
-                 "channel.pyi", "errors.pyi", "tensors.pyi", "shm.pyi", "py.typed",
+                 "channel.pyi", "errors.pyi", "tensors.pyi", "shm.pyi", "cuda_memory.pyi",
+                 "py.typed",
                  os.path.join("v1", "moe_pb2.pyi")):
         if not os.path.isfile(os.path.join(root, name)):
             fail(f"the installed package has no {name}")
@@ -535,6 +536,31 @@ def readme_registered_memory(args):
                 fail(f"a float32 out= for BF16 output: {error}")
         else:
             fail("a float32 out= for BF16 output was accepted")
+    # GPU memory: the references a call sends, and this service's refusal (it runs the cpu
+    # backend; tests/server/cuda_ipc_memory_test.cc registers real GPU memory on a GPU).
+    gpu = gcmoe.CudaMemory(bytes(range(64)), 0, 1 << 20, offset=512, name="gpu-check")
+    registration = gcmoe.shm.register_request(gpu)
+    if (registration.name != "gpu-check" or registration.cuda_ipc.ipc_handle != bytes(range(64))
+            or registration.cuda_ipc.offset != 512
+            or registration.cuda_ipc.byte_size != 1 << 20):
+        fail(f"CudaMemory's registration: {registration}")
+    hidden, out = gpu.array((3, 8), "bf16"), gpu.array((3, 8), "bf16")
+    request = gcmoe.tensors.forward_request(hidden, np.zeros((3, 2), np.int32),
+                                            np.ones((3, 2), np.float32), output_dtype="bf16",
+                                            out=out)
+    if (request.hidden.dtype != gcmoe.v1.moe_pb2.BF16 or list(request.hidden.shape) != [3, 8]
+            or request.hidden.data or request.hidden.region.region != "gpu-check"
+            or request.hidden.region.offset != 0 or request.hidden.region.byte_size != 48
+            or request.output_region.offset != 256 or request.output_region.byte_size != 48):
+        fail(f"a request with DeviceArrays: {request}")
+    with gcmoe.Client(args.addr, timeout=30.0) as client:
+        try:
+            client.register_memory(gpu)
+        except gcmoe.GcmoeError as error:
+            if "needs the cuda backend" not in error.message:
+                fail(f"CudaMemory registered with the cpu backend: {error}")
+        else:
+            fail("CudaMemory was registered with a cpu-backend service")
     print("python_package_check: the README's registered-memory example ran")
 
 

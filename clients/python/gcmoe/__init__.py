@@ -14,6 +14,7 @@ from gcmoe._version import __version__
 from gcmoe import aio, numerics
 from gcmoe.channel import TLS
 from gcmoe.client import Client
+from gcmoe.cuda_memory import CudaMemory, DeviceArray
 from gcmoe.errors import (DeadlineExceededError, GcmoeError, InvalidArgumentError, NotFoundError,
                           ResourceExhaustedError, UnauthenticatedError, UnavailableError)
 from gcmoe.shm import RegionArray, SharedMemoryRegion
@@ -22,7 +23,7 @@ from gcmoe.tensors import Fp8Hidden
 
 __all__ = [
     "__version__", "aio", "numerics", "Client", "ForwardStream", "Fp8Hidden", "TLS", "GcmoeError",
-    "SharedMemoryRegion", "RegionArray",
+    "SharedMemoryRegion", "RegionArray", "CudaMemory", "DeviceArray",
     "InvalidArgumentError", "NotFoundError", "ResourceExhaustedError", "UnavailableError",
     "DeadlineExceededError", "UnauthenticatedError",
 ]

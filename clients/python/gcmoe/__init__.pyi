@@ -2,6 +2,8 @@ from gcmoe import aio as aio
 from gcmoe import numerics as numerics
 from gcmoe.channel import TLS as TLS
 from gcmoe.client import Client as Client
+from gcmoe.cuda_memory import CudaMemory as CudaMemory
+from gcmoe.cuda_memory import DeviceArray as DeviceArray
 from gcmoe.errors import DeadlineExceededError as DeadlineExceededError
 from gcmoe.errors import GcmoeError as GcmoeError
 from gcmoe.errors import InvalidArgumentError as InvalidArgumentError

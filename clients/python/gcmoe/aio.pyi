@@ -5,6 +5,7 @@ import numpy.typing as npt
 
 from gcmoe.channel import TlsArgument
 from gcmoe.client import Hidden, Routing
+from gcmoe.cuda_memory import CudaMemory
 from gcmoe.shm import RegionArray, SharedMemoryRegion
 from gcmoe.v1 import moe_pb2, moe_pb2_grpc
 
@@ -27,10 +28,11 @@ class Client:
                       hidden_dtype: Optional[str] = ..., request_id: str = ...,
                       timeout: Optional[float] = ...,
                       out: Optional[RegionArray] = ...) -> np.ndarray: ...
-    async def register_memory(self, region: SharedMemoryRegion, name: Optional[str] = ...,
+    async def register_memory(self, region: Union[SharedMemoryRegion, CudaMemory],
+                              name: Optional[str] = ...,
                               timeout: Optional[float] = ...
                               ) -> moe_pb2.RegisterMemoryResponse: ...
-    async def unregister_memory(self, region: Union[SharedMemoryRegion, str],
+    async def unregister_memory(self, region: Union[SharedMemoryRegion, CudaMemory, str],
                                 timeout: Optional[float] = ...
                                 ) -> moe_pb2.UnregisterMemoryResponse: ...
     def forward_stream(self, timeout: Optional[float] = ...) -> "ForwardStream": ...

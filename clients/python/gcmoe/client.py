@@ -60,9 +60,10 @@ class Client:
         return self._call("Forward", request, timeout)
 
     def register_memory(self, region, name=None, timeout=None):
-        """Registers a gcmoe.SharedMemoryRegion (all of it) under `name` (default region.name),
-        so that its RegionArrays can be passed to forward(). The service must run with
-        server.allow_registered_memory on, on this host."""
+        """Registers a gcmoe.SharedMemoryRegion or gcmoe.CudaMemory (all of it) under `name`
+        (default region.name), so that its arrays can be passed to forward(). The service must
+        run with server.allow_registered_memory on, on this host (CudaMemory: with the cuda
+        backend)."""
         return self._call("RegisterMemory", _shm.register_request(region, name), timeout)
 
     def unregister_memory(self, region, timeout=None):
@@ -79,8 +80,9 @@ class Client:
         uint16 BF16 bit patterns or ml_dtypes.bfloat16, or a gcmoe.Fp8Hidden.
         topk_ids: [T, k] integers in [0, E), -1 for an unused slot. topk_weights: [T, k].
         output_dtype "fp32" gives float32; "bf16" gives bfloat16 (ml_dtypes) or uint16 bits.
-        Inputs may be gcmoe.RegionArray (registered memory); with out= (a RegionArray) the
-        output is written there and its NumPy view returned.
+        Inputs may be gcmoe.RegionArray (registered memory; hidden also a gcmoe.DeviceArray, in
+        registered GPU memory); with out= (a RegionArray) the output is written there and its
+        NumPy view returned (with a DeviceArray: written on the GPU, and None returned).
         """
         response = self.forward_response(hidden, topk_ids, topk_weights, layer, output_dtype,
                                          hidden_dtype, request_id, timeout, out)

@@ -4,6 +4,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gcmoe.channel import TlsArgument
+from gcmoe.cuda_memory import CudaMemory
 from gcmoe.stream import ForwardStream
 from gcmoe.shm import RegionArray, SharedMemoryRegion
 from gcmoe.tensors import Fp8Hidden
@@ -28,10 +29,11 @@ class Client:
     def forward(self, hidden: Hidden, topk_ids: Routing, topk_weights: Routing,
                 layer: int = ..., output_dtype: str = ..., hidden_dtype: Optional[str] = ...,
                 request_id: str = ..., timeout: Optional[float] = ...,
-                out: Optional[RegionArray] = ...) -> np.ndarray: ...
-    def register_memory(self, region: SharedMemoryRegion, name: Optional[str] = ...,
+                out: Optional[RegionArray] = ...) -> Optional[np.ndarray]: ...
+    def register_memory(self, region: Union[SharedMemoryRegion, CudaMemory],
+                        name: Optional[str] = ...,
                         timeout: Optional[float] = ...) -> moe_pb2.RegisterMemoryResponse: ...
-    def unregister_memory(self, region: Union[SharedMemoryRegion, str],
+    def unregister_memory(self, region: Union[SharedMemoryRegion, CudaMemory, str],
                           timeout: Optional[float] = ...) -> moe_pb2.UnregisterMemoryResponse: ...
     def forward_stream(self, timeout: Optional[float] = ...) -> ForwardStream: ...
     def close(self) -> None: ...

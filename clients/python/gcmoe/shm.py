@@ -107,7 +107,10 @@ class SharedMemoryRegion:
 
 
 def register_request(region, name=None):
-    """The gcmoe.v1.RegisterMemoryRequest for the whole of `region`."""
+    """The gcmoe.v1.RegisterMemoryRequest for the whole of `region` (a SharedMemoryRegion, or a
+    gcmoe.CudaMemory, which makes its own)."""
+    if hasattr(region, "ipc_handle"):
+        return region.register_request(name)
     return moe_pb2.RegisterMemoryRequest(
         name=name or region.name,
         posix_shm=moe_pb2.PosixShmMemory(key=region.key, offset=0, byte_size=region.byte_size))

@@ -1,9 +1,12 @@
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
 
 from gcmoe.v1 import moe_pb2
+
+if TYPE_CHECKING:
+    from gcmoe.cuda_memory import CudaMemory
 
 class RegionArray:
     region: "SharedMemoryRegion"
@@ -29,5 +32,5 @@ class SharedMemoryRegion:
     def __enter__(self) -> "SharedMemoryRegion": ...
     def __exit__(self, *exc: object) -> None: ...
 
-def register_request(region: SharedMemoryRegion,
+def register_request(region: Union[SharedMemoryRegion, "CudaMemory"],
                      name: Optional[str] = ...) -> moe_pb2.RegisterMemoryRequest: ...
