@@ -52,7 +52,8 @@ MoeServiceImpl::MoeServiceImpl(const config::Config& config, int64_t max_message
     registry_ = std::make_unique<MemoryRegistry>();
     spdlog::info(
         "registered memory is on (server.allow_registered_memory): clients on this host may have "
-        "the service map their POSIX shared memory, up to {} registrations",
+        "the service map their POSIX shared memory{}, up to {} registrations",
+        config.engine.backend == "cuda" ? " and open their GPU memory (CUDA IPC)" : "",
         MemoryRegistry::kMaxRegistrations);
   }
 }

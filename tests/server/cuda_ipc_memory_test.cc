@@ -7,6 +7,7 @@
 // lets them finish. Skips without a GPU.
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -297,7 +298,8 @@ TEST(CudaIpcMemoryTest, BadRegistrationsAndReferencesGetTheirCodesAndTheServiceK
   for (const auto& [value, text] :
        {std::pair{std::numeric_limits<float>::quiet_NaN(), std::string("is NaN")},
         std::pair{std::numeric_limits<float>::infinity(), std::string("is Inf")},
-        std::pair{8589934592.0f, std::string("expected a magnitude of at most 2^32")}}) {
+        std::pair{8589934592.0f, std::string("is 8.58993e+09, expected a magnitude of at most "
+                                             "2^32")}}) {
     ForwardRequest bad = request;
     uint32_t bits;
     std::memcpy(&bits, &value, 4);
@@ -358,6 +360,42 @@ TEST(CudaIpcMemoryTest, BadRegistrationsAndReferencesGetTheirCodesAndTheServiceK
   ASSERT_TRUE(RegisterGpu(address, "gpu", buffer.handle(), 0, kRegisteredAt, size).ok());
   still_serving("unregistering while calls used it");
   EXPECT_NE(service->process->Log().find("closed on the ranks"), std::string::npos);
+}
+
+TEST(CudaIpcMemoryTest, ARestartedRankOpensTheRegistrationsAgain) {
+  if (!HasGpu()) GTEST_SKIP() << kNoGpu;
+  auto service = StartServe(CudaService(), "ipc_restart", milliseconds(120000));
+  ASSERT_TRUE(service);
+  const std::string& address = service->address;
+  DeviceBuffer buffer(1 << 20);
+  ASSERT_TRUE(RegisterGpu(address, "gpu", buffer.handle(), 0, 0, buffer.bytes()).ok());
+  RequestSpec rs;
+  rs.num_tokens = 5;
+  rs.dtype = gcmoe::v1::FP32;
+  const ForwardRequest request = MakeForwardRequest(DefaultModel(), rs);
+  ForwardResponse reference;
+  ASSERT_TRUE(Forward(address, request, &reference).ok());
+  const ForwardRequest on_gpu = OnDevice(request, &buffer, 0, "gpu", 0, 1 << 19);
+
+  // The serve supervisor restarts a killed rank; its Setup lists the registration.
+  const std::optional<long> pid = NumberAfter(service->process->Log(), "started rank 0 (pid ");
+  ASSERT_TRUE(pid.has_value()) << service->process->Log();
+  ASSERT_EQ(kill(static_cast<pid_t>(*pid), SIGKILL), 0);
+  ASSERT_TRUE(WaitForHealth(address, "NOT_SERVING", milliseconds(5000)));
+  ASSERT_TRUE(WaitForHealth(address, "SERVING", milliseconds(60000))) << service->process->Log();
+  ForwardResponse response;
+  const grpc::Status status = Forward(address, on_gpu, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message() << "\n" << service->process->Log();
+  EXPECT_TRUE(buffer.Read(1 << 19, reference.output().data().size()) ==
+              reference.output().data());
+  // Opened by the first rank and again by its successor.
+  const std::string log = service->process->Log();
+  int opened = 0;
+  for (size_t at = log.find("opened registered GPU memory 1 "); at != std::string::npos;
+       at = log.find("opened registered GPU memory 1 ", at + 1)) {
+    ++opened;
+  }
+  EXPECT_EQ(opened, 2) << log;
 }
 
 }  // namespace

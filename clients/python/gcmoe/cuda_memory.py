@@ -18,10 +18,13 @@ With PyTorch (the allocation of a tensor's storage; any CUDA tensor works):
     y = gpu.torch_view(buffer, out)                  # the output, written there by the service
     client.unregister_memory(gpu)
 
-Without PyTorch, CudaMemory(ipc_handle, device, byte_size) takes the 64 bytes of a
-cudaIpcMemHandle_t from any CUDA binding (offset: where the registered bytes start in the
-allocation the handle names).
+Without PyTorch, CudaMemory.from_pointer(address, byte_size, device) exports any device memory
+of this process through the CUDA driver, and CudaMemory(ipc_handle, device, byte_size, offset)
+takes the 64 bytes of a cudaIpcMemHandle_t made elsewhere (offset: where the registered bytes
+start in the allocation the handle names).
 """
+import ctypes
+
 import numpy as np
 
 from gcmoe.shm import RegionArray
@@ -65,13 +68,38 @@ class CudaMemory:
         self._next = 0
 
     @classmethod
+    def from_pointer(cls, pointer, byte_size, device, name=None):
+        """`byte_size` bytes at device address `pointer` of this process (from any CUDA library;
+        the calling thread's current context must own it), exported through the CUDA driver:
+        the handle names the allocation holding `pointer`, and the registration starts where
+        `pointer` does in it."""
+        cuda = ctypes.CDLL("libcuda.so.1")
+        base = ctypes.c_uint64()
+        size = ctypes.c_size_t()
+        status = cuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size),
+                                              ctypes.c_uint64(pointer))
+        if status != 0:
+            raise ValueError(f"pointer: {pointer:#x} is not device memory of this process's "
+                             f"current CUDA context (cuMemGetAddressRange: CUDA error {status})")
+        if pointer + int(byte_size) > base.value + size.value:
+            raise ValueError(f"byte_size: {byte_size} bytes from {pointer:#x} run past the end "
+                             f"of its allocation ({size.value} bytes from {base.value:#x})")
+        handle = (ctypes.c_char * 64)()
+        status = cuda.cuIpcGetMemHandle(handle, ctypes.c_uint64(base.value))
+        if status != 0:
+            raise ValueError(f"pointer: its allocation cannot be exported (cuIpcGetMemHandle: "
+                             f"CUDA error {status}); memory of a virtual-memory allocator, such "
+                             "as PyTorch's expandable segments, cannot")
+        return cls(bytes(handle), device, byte_size, pointer - base.value, name)
+
+    @classmethod
     def from_torch(cls, tensor, name=None):
         """The whole storage of a CUDA torch.Tensor (PyTorch's allocator hands out pieces of
         larger allocations: the registration starts where the storage does)."""
         if not tensor.is_cuda:
             raise ValueError("tensor: on the CPU, expected a CUDA tensor")
-        device, handle, size, offset = tensor.untyped_storage()._share_cuda_()[:4]
-        return cls(handle, device, size, offset, name)
+        storage = tensor.untyped_storage()
+        return cls.from_pointer(storage.data_ptr(), storage.nbytes(), tensor.device.index, name)
 
     def array(self, shape, dtype, offset=None):
         """A DeviceArray of `shape` and "bf16" or "fp32" at `offset` from the registration's start
