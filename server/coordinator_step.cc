@@ -136,6 +136,11 @@ Status Coordinator::AssembleOutputs(const std::vector<Call*>& calls,
     outputs[i] = reinterpret_cast<uint8_t*>(data->data());
   }
   for (size_t r = 0; r < pieces.size(); ++r) {
+    // A rank whose rows all went to GPU memory sent none back.
+    if (std::none_of(pieces[r].begin(), pieces[r].end(),
+                     [&outputs](const Piece& p) { return outputs[p.call] != nullptr; })) {
+      continue;
+    }
     const uint8_t* src;
     if (ios[r]) {
       src = ios[r]->output(io_slot);

@@ -78,15 +78,6 @@ grpc::Status RegisterGpu(const std::string& address, const std::string& name,
   return stub->RegisterMemory(&context, request, &response);
 }
 
-grpc::Status Unregister(const std::string& address, const std::string& name) {
-  auto stub = Connect(address);
-  grpc::ClientContext context;
-  gcmoe::v1::UnregisterMemoryRequest request;
-  request.set_name(name);
-  gcmoe::v1::UnregisterMemoryResponse response;
-  return stub->UnregisterMemory(&context, request, &response);
-}
-
 grpc::Status Forward(const std::string& address, const ForwardRequest& request,
                      ForwardResponse* response) {
   auto stub = Connect(address);
@@ -386,8 +377,7 @@ TEST(CudaIpcMemoryTest, ARestartedRankOpensTheRegistrationsAgain) {
   ForwardResponse response;
   const grpc::Status status = Forward(address, on_gpu, &response);
   ASSERT_TRUE(status.ok()) << status.error_message() << "\n" << service->process->Log();
-  EXPECT_TRUE(buffer.Read(1 << 19, reference.output().data().size()) ==
-              reference.output().data());
+  EXPECT_TRUE(buffer.Read(1 << 19, reference.output().data().size()) == reference.output().data());
   // Opened by the first rank and again by its successor.
   const std::string log = service->process->Log();
   int opened = 0;

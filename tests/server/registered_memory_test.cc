@@ -169,17 +169,6 @@ grpc::Status Register(const std::string& address, const std::string& name, const
   return stub->RegisterMemory(&context, request, &response);
 }
 
-grpc::Status Unregister(const std::string& address, const std::string& name,
-                        const std::string& token = "") {
-  auto stub = Connect(address);
-  grpc::ClientContext context;
-  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
-  gcmoe::v1::UnregisterMemoryRequest request;
-  request.set_name(name);
-  gcmoe::v1::UnregisterMemoryResponse response;
-  return stub->UnregisterMemory(&context, request, &response);
-}
-
 // Two ranks with registered memory on, then `more`.
 std::vector<std::string> With(std::vector<std::string> more) {
   more.insert(more.begin(), {"--set", "server.allow_registered_memory=true"});

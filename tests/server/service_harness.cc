@@ -145,6 +145,17 @@ std::unique_ptr<gcmoe::v1::MoeService::Stub> Connect(
       address, credentials ? credentials : grpc::InsecureChannelCredentials(), args));
 }
 
+grpc::Status Unregister(const std::string& address, const std::string& name,
+                        const std::string& token) {
+  auto stub = Connect(address);
+  grpc::ClientContext context;
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+  gcmoe::v1::UnregisterMemoryRequest request;
+  request.set_name(name);
+  gcmoe::v1::UnregisterMemoryResponse response;
+  return stub->UnregisterMemory(&context, request, &response);
+}
+
 std::optional<Service> StartServe(const std::vector<std::string>& extra_args,
                                   const std::string& name, milliseconds timeout,
                                   std::shared_ptr<grpc::ChannelCredentials> credentials) {

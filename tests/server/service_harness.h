@@ -68,6 +68,10 @@ bool WaitForHealth(const std::string& address, const std::string& want, millisec
 std::unique_ptr<gcmoe::v1::MoeService::Stub> Connect(
     const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
+// MoeService.UnregisterMemory of `name`, with `token` as bearer token unless empty.
+grpc::Status Unregister(const std::string& address, const std::string& name,
+                        const std::string& token = "");
+
 // A `gcmoe serve` with the embedded default model plus overrides, waited until SERVING (asked
 // over `credentials` when the overrides put the public port on TLS).
 struct Service {
