@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -162,6 +163,10 @@ std::optional<Service> StartServe(const std::vector<std::string>& extra_args,
   Service service;
   service.log_path = TempPath(name + ".log");
   const std::string address_file = TempPath(name + ".address");
+  // A test process whose pid an earlier run had finds that run's files here: its address file
+  // would name a port nobody serves, its log another service's lines.
+  std::remove(service.log_path.c_str());
+  std::remove(address_file.c_str());
   // Port 0 everywhere: tests run in parallel, and the default metrics port is one fixed port.
   std::vector<std::string> args = {"serve", "--listen", "127.0.0.1:0", "--address-file",
                                    address_file, "--set", "server.rank_listen=127.0.0.1:0",
@@ -208,6 +213,12 @@ SeparateProcesses::SeparateProcesses(const std::string& name, std::vector<std::s
   extra_.push_back("--set");
   extra_.push_back("server.rank_secret_file=" + secret_file_);
   const std::string address_file = TempPath(name + ".coordinator.address");
+  // An earlier run's files, as in StartServe.
+  std::remove(address_file.c_str());
+  std::remove(TempPath(name + ".coordinator.log").c_str());
+  for (int r = 0; r < ranks; ++r) {
+    std::remove(TempPath(name + ".rank" + std::to_string(r) + ".log").c_str());
+  }
   std::vector<std::string> args = {"coordinator",  "--listen",       "127.0.0.1:0",
                                    "--rank-listen", "127.0.0.1:0",   "--address-file",
                                    address_file,    "--set",          "server.metrics_listen=127.0.0.1:0"};
