@@ -309,8 +309,15 @@ int Coordinator::PipelineDepthLocked() const {
 }
 
 bool Coordinator::CanLeadLocked(const Call* call) const {
+  // Steps end in any order (each leader finishes its own), so a place in the pipeline is not
+  // enough: the next step's I/O slot must not be one an older step in flight still reads its
+  // outputs from (or its ranks still write to).
+  const uint64_t next_slot = (generation_ + 1) % RankIo::kSlots;
   return !sending_ && !pending_.empty() && pending_.front() == call &&
-         static_cast<int>(in_flight_.size()) < PipelineDepthLocked();
+         static_cast<int>(in_flight_.size()) < PipelineDepthLocked() &&
+         std::none_of(in_flight_.begin(), in_flight_.end(), [next_slot](const auto& step) {
+           return step.first % RankIo::kSlots == next_slot;
+         });
 }
 
 void Coordinator::WakeNextLeaderLocked() {

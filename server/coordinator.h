@@ -189,7 +189,9 @@ class Coordinator {
   // Steps in flight at most: RankIo::kSlots (bounded by server.max_steps_in_flight) when every
   // rank has a RankIo region, else 1.
   int PipelineDepthLocked() const;
-  // Whether waiting `call` may lead the next step now.
+  // Whether waiting `call` may lead the next step now: it is the oldest, no leader is sending,
+  // the pipeline has a place, and the next generation's I/O slot is free (steps can end out of
+  // order, and an older step in flight may still be reading its outputs from that slot).
   bool CanLeadLocked(const Call* call) const;
   // Wakes the oldest waiting call, which leads the next step if it can.
   void WakeNextLeaderLocked();
