@@ -5,6 +5,7 @@
 #include <limits>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 #include <string>
 
 #include "common/number_formats.h"
@@ -73,16 +74,21 @@ std::string ValueText(float v) {
 // The largest |v| of n FP32 (or BF16) values as bits with the sign cleared: for IEEE floats
 // this order is the order of magnitudes, with Inf and NaN above every finite value. One
 // branch-free pass the compiler vectorizes; the element-wise checks run only to name a bad value.
+// With the sign cleared the bits compare the same as signed integers, whose maximum baseline
+// x86-64 (SSE2) has an instruction or a short sequence for, unlike the unsigned one: at 256 rows
+// of 6144 values, 100 against 220 us (BF16) and 0.67 against 1.0 ms (FP32) on the development
+// machine.
 template <typename Bits>
 Bits MaxMagnitudeBits(const uint8_t* bytes, int64_t n) {
+  using Signed = std::make_signed_t<Bits>;
   constexpr Bits kMagnitude = static_cast<Bits>(~Bits{0}) >> 1;  // all but the sign bit
-  Bits max_bits = 0;
+  Signed max_bits = 0;
   for (int64_t i = 0; i < n; ++i) {
     Bits bits;
     std::memcpy(&bits, bytes + sizeof(Bits) * i, sizeof(Bits));
-    max_bits = std::max<Bits>(max_bits, bits & kMagnitude);
+    max_bits = std::max<Signed>(max_bits, static_cast<Signed>(bits & kMagnitude));
   }
-  return max_bits;
+  return static_cast<Bits>(max_bits);
 }
 
 // Whether every FP32 or BF16 value is finite and at most `limit` in magnitude (a limit whose
