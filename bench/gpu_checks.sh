@@ -22,7 +22,7 @@
 # layer), race the stress that once found two-rank wrong outputs (docs/DESIGN-NOTES.md): roles
 # overlapped or in sequence (engine.cuda.overlap_roles), every step repeated RACE_REPEAT times
 # (default 150) and every output compared with the step's first and, at small T, with the CPU
-# backend; trace logs role2's task timeline (GCMOE_CUDA_TRACE=1) at T = 1 and 16.
+# backend; trace logs role2's task timeline (engine.cuda.trace_role2) at T = 1 and 16.
 #
 # Environment: BUNDLE (default .device), OUT (logs; default /tmp/gcmoe-gpu-checks), TOKENS
 # (bench), SETTLE_MS (untimed replays before each row's, in every timing stage and the peer;
@@ -359,7 +359,7 @@ fi
 
 if has trace; then
   # The summaries are log entries (stderr of the rank processes).
-  GCMOE_CUDA_TRACE=1 timeout 120 "$GCMOE" bench ep --config "$EP_CONFIG" \
+  timeout 120 "$GCMOE" bench ep --config "$EP_CONFIG" --set engine.cuda.trace_role2=true \
     --ranks "$GPUS" --tokens-per-rank 1,16 --exchange gcmoe --balancer off --replays 20 \
     --warmup 2 > "$OUT/trace.txt" 2>&1
   note trace $? "$(grep -c 'role2 trace' "$OUT/trace.txt") summaries"

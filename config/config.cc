@@ -78,6 +78,7 @@ ordered_json EngineJson(const EngineConfig& e) {
   cuda["overlap_roles"] = e.cuda.overlap_roles;
   cuda["wait_timeout_ms"] = e.cuda.wait_timeout_ms;
   cuda["wait_sleep_cap_ns"] = e.cuda.wait_sleep_cap_ns;
+  cuda["trace_role2"] = e.cuda.trace_role2;
   j["cuda"] = cuda;
   return j;
 }

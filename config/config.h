@@ -81,6 +81,10 @@ struct CudaEngineConfig {
   // first 32 polls). Shorter caps react faster but let hundreds of waiting CTAs steal issue slots
   // from the role they wait for.
   int wait_sleep_cap_ns = 4096;
+  // engine.cuda.trace_role2: a diagnostic. Role2 records every task's timeline and each rank
+  // logs after every step where role2's time went: waits, queueing and run times per task kind,
+  // the slowest tasks, the busiest SM (kernels/role2_trace.h). Costs a few percent per step.
+  bool trace_role2 = false;
 };
 
 struct EngineConfig {

@@ -195,6 +195,7 @@ void ReadCudaEngine(ObjectReader r, CudaEngineConfig* c) {
   r.Int("wait_sleep_cap_ns",
         {.min = 512, .max = 1000000, .expected = "an integer in 512..1000000 (nanoseconds)"},
         &c->wait_sleep_cap_ns);
+  r.Bool("trace_role2", &c->trace_role2);
   r.Finish();
 }
 

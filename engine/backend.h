@@ -93,6 +93,7 @@ struct CudaTuning {
   std::string overlap_roles = "auto";  // engine.cuda.overlap_roles: "auto", "on" or "off"
   int wait_timeout_ms = 5000;          // engine.cuda.wait_timeout_ms
   int wait_sleep_cap_ns = 4096;        // engine.cuda.wait_sleep_cap_ns
+  bool trace_role2 = false;            // engine.cuda.trace_role2
 
   // Ablations (`gcmoe bench layer --no-merge-tails` etc.): each turns one optimization off.
   bool merge_tails = true;     // BM 64: an expert's short last block runs with the block before

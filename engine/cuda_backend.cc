@@ -137,10 +137,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   graph_options.timeout_ns = static_cast<uint64_t>(tuning.wait_timeout_ms) * 1000000ull;
   graph_options.wait_sleep_ns = static_cast<uint32_t>(tuning.wait_sleep_cap_ns);
   graph_options.record_sm_ids = tuning.record_sm_ids;
-  // The one diagnostic switch read from the environment (README, "The GPU backend"): role2's
-  // task timeline, logged after every step (kernels/role2_trace.h).
-  const char* trace = std::getenv("GCMOE_CUDA_TRACE");
-  graph_options.trace_role2 = trace != nullptr && *trace != '\0' && std::strcmp(trace, "0") != 0;
+  graph_options.trace_role2 = tuning.trace_role2;
   std::unique_ptr<kernels::LayerGraph> graph;
   std::string message;
   err = kernels::LayerGraph::Create(graph_options, &graph, &message);

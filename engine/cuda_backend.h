@@ -9,8 +9,8 @@
 // the same kernels, launched eagerly on the compute partition.
 //
 // Tuning comes from BackendOptions::cuda (the engine.cuda config keys, and the ablation switches
-// of `gcmoe bench layer`). GCMOE_CUDA_TRACE=1 in the environment makes every step log role2's
-// task timeline (kernels/role2_trace.h).
+// of `gcmoe bench layer`); engine.cuda.trace_role2 makes every step log role2's task timeline
+// (kernels/role2_trace.h).
 #pragma once
 
 #include <chrono>
@@ -111,7 +111,7 @@ class CudaBackend final : public Backend {
   cudaError_t CheckHiddenOnDevice(const StepContext& ctx);
   cudaError_t CheckOutputOnDevice(const StepContext& ctx, const uint8_t* output);
   void ReadFaults(const StepContext& ctx, const uint8_t* output, StepOutput* out);
-  // With GCMOE_CUDA_TRACE: role2's task timeline of the step just run, as one log entry.
+  // With engine.cuda.trace_role2: role2's task timeline of the step just run, as one log entry.
   void LogRole2Trace(const kernels::StepHeader& header, uint64_t generation) const;
   // The all-to-all baseline's NCCL rounds in bytes, from tables_.
   void SetAllToAllBytes();
@@ -137,7 +137,7 @@ class CudaBackend final : public Backend {
   int forced_bm_ = 0;
   bool connected_ = false;
   bool alltoall_ = false;     // exchange "nccl"
-  bool trace_role2_ = false;  // GCMOE_CUDA_TRACE
+  bool trace_role2_ = false;  // engine.cuda.trace_role2
   // engine.cuda.wait_timeout_ms: the NCCL path's Sync polls against it every step.
   std::chrono::milliseconds wait_timeout_{5000};
   CudaIpcPeers ipc_peers_;  // peers' regions (remapped on reconnect)

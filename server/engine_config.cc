@@ -53,6 +53,7 @@ engine::EngineOptions EngineOptionsFromConfig(const config::Config& config, int 
   b.cuda.overlap_roles = cuda.overlap_roles;
   b.cuda.wait_timeout_ms = cuda.wait_timeout_ms;
   b.cuda.wait_sleep_cap_ns = cuda.wait_sleep_cap_ns;
+  b.cuda.trace_role2 = cuda.trace_role2;
   return options;
 }
 

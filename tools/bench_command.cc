@@ -25,7 +25,7 @@ int RunBenchCommand(int argc, char** argv) {
                  "          the engine, with where every call's time went, stage by stage\n");
     return argc < 2 ? 2 : 0;
   }
-  // Tables go to stdout; log entries (the engine's, GCMOE_CUDA_TRACE's role2 summaries) to
+  // Tables go to stdout; log entries (the engine's, engine.cuda.trace_role2's summaries) to
   // stderr, so that they never end up inside a table that is redirected to a file.
   spdlog::set_default_logger(spdlog::stderr_color_mt("gcmoe-bench"));
   if (std::strcmp(argv[1], "layer") == 0) return RunBenchLayer(argc - 1, argv + 1);

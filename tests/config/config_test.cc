@@ -212,15 +212,17 @@ TEST(ConfigValues, EngineCudaKeysTakeValuesAndEnterTheDigest) {
   EXPECT_EQ(defaults.engine.cuda.overlap_roles, "auto");
   EXPECT_EQ(defaults.engine.cuda.wait_timeout_ms, 5000);
   EXPECT_EQ(defaults.engine.cuda.wait_sleep_cap_ns, 4096);
+  EXPECT_FALSE(defaults.engine.cuda.trace_role2);
   const Config tuned = MustParse(
-      DefaultConfigText(),
-      {"engine.cuda.ring_blocks=3", "engine.cuda.role1_grid=64", "engine.cuda.overlap_roles=off",
-       "engine.cuda.wait_timeout_ms=2000", "engine.cuda.wait_sleep_cap_ns=512"});
+      DefaultConfigText(), {"engine.cuda.ring_blocks=3", "engine.cuda.role1_grid=64",
+                            "engine.cuda.overlap_roles=off", "engine.cuda.wait_timeout_ms=2000",
+                            "engine.cuda.wait_sleep_cap_ns=512", "engine.cuda.trace_role2=true"});
   EXPECT_EQ(tuned.engine.cuda.ring_blocks, 3);
   EXPECT_EQ(tuned.engine.cuda.role1_grid, 64);
   EXPECT_EQ(tuned.engine.cuda.overlap_roles, "off");
   EXPECT_EQ(tuned.engine.cuda.wait_timeout_ms, 2000);
   EXPECT_EQ(tuned.engine.cuda.wait_sleep_cap_ns, 512);
+  EXPECT_TRUE(tuned.engine.cuda.trace_role2);
   EXPECT_NE(tuned.Digest(), defaults.Digest());
   EXPECT_NE(MustParse(DefaultConfigText(), {"engine.cuda.wait_sleep_cap_ns=8192"}).Digest(),
             defaults.Digest());
