@@ -23,9 +23,17 @@ struct HiddenView {
   DType dtype = DType::kBF16;
   const void* data = nullptr;       // [T_r, H]
   const uint8_t* scales = nullptr;  // [T_r, H/32] UE8M0, with kFP8E4M3 only
-  // `data` is GPU memory (Backend::ImportDeviceMemory; BF16 or FP32 only): nobody has read its
-  // values on the host, so the backend checks them (StepOutput::hidden_fault).
-  bool on_device = false;
+};
+
+// Rows of the shard whose activations and/or output are in GPU memory
+// (Backend::ImportDeviceMemory) rather than at HiddenView::data and the StepOutput's host
+// output: one range per call of a merged step. Nobody has read these values on the host, so
+// the backend checks them as it copies them (StepOutput::device_faults).
+struct DeviceRows {
+  int64_t row = 0;  // the first of the shard's rows
+  int64_t rows = 0;
+  const void* hidden = nullptr;  // [rows, H] BF16 or FP32 activations; null: at HiddenView::data
+  void* output = nullptr;        // [rows, H] output; null: in the host output
 };
 
 // The first value of a tensor the service refuses (DESIGN.md §4), found on the GPU.
@@ -51,17 +59,23 @@ struct StepContext {
   const float* topk_weights = nullptr;  // [T_r, k]
   const StepPlan* plan = nullptr;
   bool output_fp32 = false;  // else BF16
+  // Ranges of rows in GPU memory, disjoint and in row order. HiddenView::data may be null when
+  // they hold every row's activations.
+  std::span<const DeviceRows> device_rows;
+};
+
+// What the backend found wrong in one DeviceRows range (indices within the range).
+struct DeviceFaults {
+  ValueFault hidden;  // an activation beyond 2^32, Inf or NaN
+  ValueFault output;  // an output element Inf or NaN
 };
 
 struct StepOutput {
   // Where the output goes: `destination` when the caller gives one (it must hold T_r x H x the
   // output dtype's bytes, e.g. a slot of the rank's shared-memory I/O region), else `output`.
+  // Rows whose output goes to GPU memory (StepContext::device_rows) need not be written here.
   std::span<uint8_t> destination;
-  // `destination` is GPU memory (Backend::ImportDeviceMemory): the backend checks the output
-  // there for Inf and NaN (output_fault), since nobody reads it on the host.
-  bool destination_on_device = false;
-  ValueFault hidden_fault;  // with HiddenView::on_device: an activation beyond 2^32, Inf or NaN
-  ValueFault output_fault;  // with destination_on_device: an output element Inf or NaN
+  std::vector<DeviceFaults> device_faults;  // one per StepContext::device_rows
   std::vector<uint8_t> output;       // [T_r, H] BF16 or FP32, little-endian; storage reused
   int64_t assignments_computed = 0;  // routed assignments this rank computed (plus shared rows)
   // Where the backend's time went (0 where a stage does not exist, e.g. copies on the CPU).
@@ -158,7 +172,7 @@ class Backend {
 
   // Optional: maps bytes [offset, offset + bytes) of another process's GPU allocation, exported
   // as `ipc_handle` (the 64 bytes of a cudaIpcMemHandle_t), for steps to read activations from
-  // and write outputs to (HiddenView::on_device, StepOutput::destination_on_device).
+  // and write outputs to (StepContext::device_rows).
   // INVALID_ARGUMENT (naming the registration's fields) when the handle does not open, the
   // allocation is not on `device` or is shorter than offset + bytes; FAILED_PRECONDITION on a
   // backend without a GPU. Thread-safe, and does not wait for a step in flight.

@@ -333,7 +333,7 @@ void CpuBackend::Reduce(const StepContext& ctx, StepOutput* out) {
 }
 
 Status CpuBackend::Step(const StepContext& ctx, StepOutput* out) {
-  if (ctx.hidden.on_device || out->destination_on_device) {
+  if (!ctx.device_rows.empty()) {
     return FailedPrecondition(
         "cpu backend: a step's tensors in GPU memory need engine.backend cuda");
   }

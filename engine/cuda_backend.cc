@@ -146,11 +146,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
     return Internal("cuda backend: " + message);
   }
   std::unique_ptr<CudaBackend> backend(new CudaBackend(options, std::move(graph)));
-  err = cudaMalloc(&backend->faults_, 2 * sizeof(unsigned long long));
-  if (err == cudaSuccess) {
-    err =
-        cudaHostAlloc(&backend->faults_host_, 2 * sizeof(unsigned long long), cudaHostAllocDefault);
-  }
+  // Two per DeviceRows range, and a range holds at least one of the shard's rows.
+  const size_t fault_bytes = 2 * static_cast<size_t>(std::max(1, options.max_tokens_per_rank)) *
+                             sizeof(unsigned long long);
+  err = cudaMalloc(&backend->faults_, fault_bytes);
+  if (err == cudaSuccess)
+    err = cudaHostAlloc(&backend->faults_host_, fault_bytes, cudaHostAllocDefault);
   if (err != cudaSuccess) return CudaError("allocating the value-check results", err);
   backend->alltoall_ = alltoall;
   backend->dims_ = padded;
@@ -289,10 +290,7 @@ Status CudaBackend::CheckStep(const StepContext& ctx) const {
                                std::to_string(options_.max_tokens_per_rank));
     }
   }
-  if (ctx.hidden.on_device && ctx.hidden.dtype != DType::kBF16 &&
-      ctx.hidden.dtype != DType::kFP32) {
-    return InvalidArgument("cuda backend: activations in GPU memory must be BF16 or FP32");
-  }
+  GCMOE_RETURN_IF_ERROR(CheckDeviceRows(ctx));
   if (ctx.hidden.dtype == DType::kFP8E4M3 && ctx.hidden.scales == nullptr && ctx.num_tokens > 0) {
     return InvalidArgument("cuda backend: FP8 hidden without scales");
   }
@@ -312,6 +310,28 @@ Status CudaBackend::CheckStep(const StepContext& ctx) const {
       return Internal("cuda backend: the plan has this rank compute expert " + std::to_string(e) +
                       ", which it does not hold");
     }
+  }
+  return Status::Ok();
+}
+
+Status CudaBackend::CheckDeviceRows(const StepContext& ctx) const {
+  int64_t next = 0;  // the first row a range may start at
+  int64_t hidden_rows = 0;
+  for (const DeviceRows& r : ctx.device_rows) {
+    if (r.row < next || r.rows < 1 || r.rows > ctx.num_tokens - r.row) {
+      return Internal("cuda backend: GPU-memory rows [" + std::to_string(r.row) + ", " +
+                      std::to_string(r.row + r.rows) + ") overlap others or lie beyond the " +
+                      std::to_string(ctx.num_tokens) + " rows of the shard");
+    }
+    next = r.row + r.rows;
+    if (r.hidden != nullptr) hidden_rows += r.rows;
+  }
+  if (hidden_rows > 0 && ctx.hidden.dtype != DType::kBF16 && ctx.hidden.dtype != DType::kFP32) {
+    return InvalidArgument("cuda backend: activations in GPU memory must be BF16 or FP32");
+  }
+  if (ctx.hidden.data == nullptr && hidden_rows < ctx.num_tokens) {
+    return Internal("cuda backend: " + std::to_string(ctx.num_tokens - hidden_rows) +
+                    " rows of the shard have no activations");
   }
   return Status::Ok();
 }
@@ -419,7 +439,8 @@ void CudaBackend::PrefetchInputs(const StepContext& ctx) {
   // What Step would refuse is left to Step, which says why.
   const bool fp8 = ctx.hidden.dtype == DType::kFP8E4M3;
   if (ctx.num_tokens <= 0 || ctx.num_tokens > options_.max_tokens_per_rank ||
-      ctx.hidden.data == nullptr || (fp8 && ctx.hidden.scales == nullptr)) {
+      (ctx.hidden.data == nullptr && ctx.device_rows.empty()) ||
+      (fp8 && ctx.hidden.scales == nullptr) || !CheckDeviceRows(ctx).ok()) {
     return;
   }
   if (!device_lost().empty() || !SelectDevice().ok()) return;
@@ -511,30 +532,23 @@ Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
                           cudaMemcpyHostToDevice, s);
   }
   if (err == cudaSuccess && T > 0 && !prefetched) err = UploadHidden(ctx);
-  if (err == cudaSuccess && T > 0 && (ctx.hidden.on_device || out->destination_on_device)) {
-    err = CheckHiddenOnDevice(ctx);
-  }
   if (err == cudaSuccess && trace_role2_) err = graph_->ClearRole2Trace();
   if (err == cudaSuccess) err = cudaEventRecord(stage_events_[1], s);
   Status nccl_status = Status::Ok();
   if (err == cudaSuccess) err = Launch(bm, &nccl_status);
   GCMOE_RETURN_IF_ERROR(nccl_status);
   if (err == cudaSuccess) err = cudaEventRecord(stage_events_[2], s);
-  if (err == cudaSuccess && T > 0) {
-    // Rows of the padded H: their padding columns are dropped. The destination is host memory,
-    // or a client's GPU memory (cudaMemcpyDefault tells them apart).
+  int64_t device_output_rows = 0;
+  for (const DeviceRows& r : ctx.device_rows)
+    device_output_rows += r.output != nullptr ? r.rows : 0;
+  if (err == cudaSuccess && T > device_output_rows) {
+    // Rows of the padded H: their padding columns are dropped.
     err = dims_.hidden == H
-              ? cudaMemcpyAsync(output, graph_->output(), output_bytes, cudaMemcpyDefault, s)
+              ? cudaMemcpyAsync(output, graph_->output(), output_bytes, cudaMemcpyDeviceToHost, s)
               : cudaMemcpy2DAsync(output, H * out_bytes, graph_->output(), dims_.hidden * out_bytes,
-                                  H * out_bytes, T, cudaMemcpyDefault, s);
+                                  H * out_bytes, T, cudaMemcpyDeviceToHost, s);
   }
-  if (err == cudaSuccess && T > 0 && out->destination_on_device) {
-    err = CheckOutputOnDevice(ctx, output);
-  }
-  if (err == cudaSuccess && T > 0 && (ctx.hidden.on_device || out->destination_on_device)) {
-    err = cudaMemcpyAsync(faults_host_, faults_, 2 * sizeof(unsigned long long),
-                          cudaMemcpyDeviceToHost, s);
-  }
+  if (err == cudaSuccess && !ctx.device_rows.empty()) err = CopyOutputToDevice(ctx);
   if (err == cudaSuccess) err = cudaEventRecord(stage_events_[3], s);
   if (err != cudaSuccess) return CudaError("launching step " + std::to_string(ctx.generation), err);
   GCMOE_RETURN_IF_ERROR(Sync("step", ctx.generation));
@@ -546,7 +560,7 @@ Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
     return Aborted("step " + std::to_string(ctx.generation) + " aborted");
   }
   out->assignments_computed = rows;
-  if (T > 0 && (ctx.hidden.on_device || out->destination_on_device)) ReadFaults(ctx, output, out);
+  ReadFaults(ctx, out);
   int64_t* const stages[3] = {&out->h2d_ns, &out->device_ns, &out->d2h_ns};
   for (int i = 0; i < 3; ++i) {
     float ms = 0.0f;
@@ -561,12 +575,50 @@ Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
 cudaError_t CudaBackend::UploadHidden(const StepContext& ctx) {
   const int T = ctx.num_tokens;
   const int H = options_.model.hidden;
+  const size_t value_bytes = DTypeBytes(ctx.hidden.dtype);
+  const size_t row_bytes = static_cast<size_t>(H) * value_bytes;
+  const size_t pitch = static_cast<size_t>(dims_.hidden) * value_bytes;
   cudaStream_t s = graph_->stream();
-  cudaError_t err = dims_.hidden == H
-                        ? cudaMemcpyAsync(graph_->hidden_in(), ctx.hidden.data,
-                                          static_cast<size_t>(T) * H * DTypeBytes(ctx.hidden.dtype),
-                                          cudaMemcpyDefault, s)
-                        : CopyPaddedHidden(ctx);
+  cudaError_t err = cudaSuccess;
+  if (dims_.hidden != H) {
+    // The copies write only the first H values of each row, so once a dtype's padding columns
+    // are zero they stay zero; another dtype's rows have another pitch, so a change of dtype
+    // zeroes the whole buffer first.
+    const int dtype = static_cast<int>(ctx.hidden.dtype);
+    if (zero_padded_dtype_ != dtype) {
+      err = cudaMemsetAsync(graph_->hidden_in(), 0,
+                            static_cast<size_t>(options_.max_tokens_per_rank) * pitch, s);
+      if (err != cudaSuccess) return err;
+      zero_padded_dtype_ = dtype;
+    }
+  }
+  // Every row from host memory (those also in GPU memory are overwritten next, as the host's
+  // copy of them is not used), then the rows in GPU memory, checked as they are copied.
+  if (ctx.hidden.data != nullptr) {
+    err = pitch == row_bytes
+              ? cudaMemcpyAsync(graph_->hidden_in(), ctx.hidden.data, T * row_bytes,
+                                cudaMemcpyHostToDevice, s)
+              : cudaMemcpy2DAsync(graph_->hidden_in(), pitch, ctx.hidden.data, row_bytes, row_bytes,
+                                  static_cast<size_t>(T), cudaMemcpyHostToDevice, s);
+  }
+  if (err == cudaSuccess && !ctx.device_rows.empty()) {
+    const size_t n = ctx.device_rows.size();
+    err = cudaMemsetAsync(faults_, 0xff, 2 * n * sizeof(unsigned long long), s);
+    std::vector<kernels::RowCopy> copies(n);
+    for (size_t i = 0; i < n; ++i) {
+      const DeviceRows& r = ctx.device_rows[i];
+      if (r.hidden == nullptr) continue;  // rows 0: nothing to copy or check
+      copies[i] =
+          kernels::RowCopy{r.hidden, static_cast<uint8_t*>(graph_->hidden_in()) + r.row * pitch,
+                           r.rows, static_cast<int64_t>(row_bytes), static_cast<int64_t>(pitch)};
+    }
+    // The bound the coordinator holds host activations to (DESIGN.md §4).
+    constexpr float kMaxActivation = 4294967296.0f;  // 2^32
+    if (err == cudaSuccess) {
+      err = kernels::LaunchCopyRowsChecked(copies, H, ctx.hidden.dtype == DType::kFP32,
+                                           kMaxActivation, faults_, s);
+    }
+  }
   if (err == cudaSuccess && ctx.hidden.dtype == DType::kFP8E4M3) {
     // The padding's scales stay as allocated (zero): nothing else writes this buffer.
     err = dims_.hidden == H
@@ -578,24 +630,30 @@ cudaError_t CudaBackend::UploadHidden(const StepContext& ctx) {
   return err;
 }
 
-cudaError_t CudaBackend::CheckHiddenOnDevice(const StepContext& ctx) {
+cudaError_t CudaBackend::CopyOutputToDevice(const StepContext& ctx) {
+  const size_t n = ctx.device_rows.size();
+  const size_t out_bytes = ctx.output_fp32 ? 4 : 2;
+  const int64_t row_bytes = static_cast<int64_t>(options_.model.hidden * out_bytes);
+  const int64_t pitch = static_cast<int64_t>(dims_.hidden * out_bytes);
+  std::vector<kernels::RowCopy> copies(n);
+  for (size_t i = 0; i < n; ++i) {
+    const DeviceRows& r = ctx.device_rows[i];
+    if (r.output == nullptr) continue;
+    copies[i] = kernels::RowCopy{static_cast<const uint8_t*>(graph_->output()) + r.row * pitch,
+                                 r.output, r.rows, pitch, row_bytes};
+  }
+  cudaStream_t s = graph_->stream();
   cudaError_t err =
-      cudaMemsetAsync(faults_, 0xff, 2 * sizeof(unsigned long long), graph_->stream());
-  if (err != cudaSuccess || !ctx.hidden.on_device) return err;
-  // The bound the coordinator holds host activations to (DESIGN.md §4).
-  constexpr float kMaxActivation = 4294967296.0f;  // 2^32
-  return kernels::LaunchFirstBeyond(ctx.hidden.data, ctx.hidden.dtype == DType::kFP32,
-                                    static_cast<int64_t>(ctx.num_tokens) * options_.model.hidden,
-                                    kMaxActivation, &faults_[0], graph_->stream());
+      kernels::LaunchCopyRowsChecked(copies, options_.model.hidden, ctx.output_fp32,
+                                     std::numeric_limits<float>::max(), faults_ + n, s);
+  if (err == cudaSuccess) {
+    err = cudaMemcpyAsync(faults_host_, faults_, 2 * n * sizeof(unsigned long long),
+                          cudaMemcpyDeviceToHost, s);
+  }
+  return err;
 }
 
-cudaError_t CudaBackend::CheckOutputOnDevice(const StepContext& ctx, const uint8_t* output) {
-  return kernels::LaunchFirstBeyond(
-      output, ctx.output_fp32, static_cast<int64_t>(ctx.num_tokens) * options_.model.hidden,
-      std::numeric_limits<float>::max(), &faults_[1], graph_->stream());
-}
-
-void CudaBackend::ReadFaults(const StepContext& ctx, const uint8_t* output, StepOutput* out) {
+void CudaBackend::ReadFaults(const StepContext& ctx, StepOutput* out) {
   // The value at a found index, for the message: one small copy, on failures only.
   auto value_at = [](const void* data, bool fp32, unsigned long long index) {
     float value = 0.0f;
@@ -609,41 +667,25 @@ void CudaBackend::ReadFaults(const StepContext& ctx, const uint8_t* output, Step
     }
     return value;
   };
-  out->hidden_fault = ValueFault{};
-  out->output_fault = ValueFault{};
-  if (ctx.hidden.on_device && faults_host_[0] != ~0ull) {
-    out->hidden_fault.index = static_cast<int64_t>(faults_host_[0]);
-    out->hidden_fault.value =
-        value_at(ctx.hidden.data, ctx.hidden.dtype == DType::kFP32, faults_host_[0]);
-  }
-  if (out->destination_on_device && faults_host_[1] != ~0ull) {
-    out->output_fault.index = static_cast<int64_t>(faults_host_[1]);
-    out->output_fault.value = value_at(output, ctx.output_fp32, faults_host_[1]);
+  const size_t n = ctx.device_rows.size();
+  out->device_faults.assign(n, DeviceFaults{});
+  for (size_t i = 0; i < n; ++i) {
+    const DeviceRows& r = ctx.device_rows[i];
+    DeviceFaults& f = out->device_faults[i];
+    if (r.hidden != nullptr && faults_host_[i] != ~0ull) {
+      f.hidden.index = static_cast<int64_t>(faults_host_[i]);
+      f.hidden.value = value_at(r.hidden, ctx.hidden.dtype == DType::kFP32, faults_host_[i]);
+    }
+    if (r.output != nullptr && faults_host_[n + i] != ~0ull) {
+      f.output.index = static_cast<int64_t>(faults_host_[n + i]);
+      f.output.value = value_at(r.output, ctx.output_fp32, faults_host_[n + i]);
+    }
   }
 }
 
 Result<std::shared_ptr<ImportedMemory>> CudaBackend::ImportDeviceMemory(
     const std::string& ipc_handle, int device, uint64_t offset, uint64_t bytes) {
   return ImportCudaIpcMemory(ipc_handle, device, offset, bytes, options_.device);
-}
-
-cudaError_t CudaBackend::CopyPaddedHidden(const StepContext& ctx) {
-  const size_t value_bytes = DTypeBytes(ctx.hidden.dtype);
-  const size_t row_bytes = static_cast<size_t>(options_.model.hidden) * value_bytes;
-  const size_t pitch = static_cast<size_t>(dims_.hidden) * value_bytes;
-  cudaStream_t s = graph_->stream();
-  // The copies write only the first H values of each row, so once a dtype's padding columns are
-  // zero they stay zero; another dtype's rows have another pitch, so a change of dtype zeroes
-  // the whole buffer first.
-  const int dtype = static_cast<int>(ctx.hidden.dtype);
-  if (zero_padded_dtype_ != dtype) {
-    const cudaError_t err = cudaMemsetAsync(
-        graph_->hidden_in(), 0, static_cast<size_t>(options_.max_tokens_per_rank) * pitch, s);
-    if (err != cudaSuccess) return err;
-    zero_padded_dtype_ = dtype;
-  }
-  return cudaMemcpy2DAsync(graph_->hidden_in(), pitch, ctx.hidden.data, row_bytes, row_bytes,
-                           static_cast<size_t>(ctx.num_tokens), cudaMemcpyDefault, s);
 }
 
 Status CudaBackend::RegisterHostMemory(void* data, size_t bytes) {

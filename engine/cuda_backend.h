@@ -101,16 +101,17 @@ class CudaBackend final : public Backend {
   Status CheckStep(const StepContext& ctx) const;
   // Step's work, under step_mutex_.
   Status RunStep(const StepContext& ctx, StepOutput* out);
-  // Enqueues the copy of the step's activations (and FP8 scales) into the graph's input.
+  // StepContext::device_rows: disjoint, in order, within the shard, and what they hold allowed.
+  Status CheckDeviceRows(const StepContext& ctx) const;
+  // Enqueues the copy of the step's activations (and FP8 scales) into the graph's input, rows of
+  // the padded H (dims_) with zero padding columns: the host's, then those in GPU memory, whose
+  // value checks go to faults_[0, n) (n = device_rows.size()).
   cudaError_t UploadHidden(const StepContext& ctx);
-  // The step's [T, H] input into the device buffer's rows of the padded H (dims_), padding
-  // columns zero.
-  cudaError_t CopyPaddedHidden(const StepContext& ctx);
-  // Enqueues the value checks of activations and outputs on the GPU (HiddenView::on_device,
-  // StepOutput::destination_on_device) into faults_; ReadFaults fills *out after the sync.
-  cudaError_t CheckHiddenOnDevice(const StepContext& ctx);
-  cudaError_t CheckOutputOnDevice(const StepContext& ctx, const uint8_t* output);
-  void ReadFaults(const StepContext& ctx, const uint8_t* output, StepOutput* out);
+  // Enqueues the copy of the output rows that go to GPU memory, checked into faults_[n, 2n),
+  // and of faults_ to faults_host_.
+  cudaError_t CopyOutputToDevice(const StepContext& ctx);
+  // After the step's sync: StepOutput::device_faults from faults_host_.
+  void ReadFaults(const StepContext& ctx, StepOutput* out);
   // With engine.cuda.trace_role2: role2's task timeline of the step just run, as one log entry.
   void LogRole2Trace(const kernels::StepHeader& header, uint64_t generation) const;
   // The all-to-all baseline's NCCL rounds in bytes, from tables_.
@@ -156,8 +157,8 @@ class CudaBackend final : public Backend {
   cudaEvent_t stage_events_[4] = {};
   // PrefetchInputs has enqueued this generation's activations (cleared by the next Step).
   bool prefetched_ = false;
-  // The first bad index of the activations [0] and of the output [1] (kernels/value_check.h):
-  // on the device, and its pinned copy read after the step's sync.
+  // The first bad index of each DeviceRows range's activations [i] and output [n + i]
+  // (kernels/value_check.h): on the device, and its pinned copy read after the step's sync.
   unsigned long long* faults_ = nullptr;
   unsigned long long* faults_host_ = nullptr;
   uint64_t prefetched_generation_ = 0;

@@ -96,6 +96,7 @@ Status Engine::Step(const StepRequest& request, StepOutput* output, StepStats* s
   ctx.topk_ids = request.topk_ids;
   ctx.topk_weights = request.topk_weights;
   ctx.output_fp32 = request.output_fp32;
+  ctx.device_rows = request.device_rows;
   // The activations' upload needs no plan: it runs while the balancer and the plan are made.
   backend_->PrefetchInputs(ctx);
   expert_totals_.assign(experts, 0);

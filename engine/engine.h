@@ -33,6 +33,7 @@ struct StepRequest {
   const float* topk_weights = nullptr;   // [T_r, k]
   bool output_fp32 = false;
   int relief_passes = 0;  // passes the balancer runs this step; 0: its default
+  std::span<const DeviceRows> device_rows;  // StepContext::device_rows
 };
 
 struct StepStats {

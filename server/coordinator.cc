@@ -30,12 +30,8 @@ std::string HostName() {
 // Calls can share a step when the ranks would run them the same way.
 bool Mergeable(const gcmoe::v1::ForwardRequest& a, const ValidatedForward& va,
                const gcmoe::v1::ForwardRequest& b, const ValidatedForward& vb) {
-  // A call with GPU memory runs alone: each rank's shard is then one range of its registration.
-  const auto on_device = [](const ValidatedForward& v) {
-    return v.bytes.hidden_device.region != 0 || v.bytes.output_device.region != 0;
-  };
   return a.layer() == b.layer() && va.hidden_dtype == vb.hidden_dtype &&
-         va.output_fp32 == vb.output_fp32 && !on_device(va) && !on_device(vb);
+         va.output_fp32 == vb.output_fp32;
 }
 
 }  // namespace
@@ -603,17 +599,21 @@ void Coordinator::LeadStepLocked(std::unique_lock<std::mutex>& lock, Call* self)
     });
   }
   std::vector<Call*> batch = TakeBatchLocked();  // `self` is the oldest: it is in the batch
-  // A call whose deadline passed while it waited is answered so, not run.
+  // A call whose deadline passed while it waited is answered so, not run; so is one whose GPU
+  // memory a restarted rank could not reopen.
   const auto now = Clock::now();
   std::vector<Call*> live;
   for (Call* call : batch) {
-    if (now >= call->deadline) {
-      call->status =
-          DeadlineExceeded("the deadline passed while the call waited for earlier steps");
+    call->status = now >= call->deadline
+                       ? DeadlineExceeded(
+                             "the deadline passed while the call waited for earlier "
+                             "steps")
+                       : DeviceMemoryOpenLocked(*call->validated);
+    if (call->status.ok()) {
+      live.push_back(call);
+    } else {
       call->state = Call::State::kDone;
       call->done.notify_one();
-    } else {
-      live.push_back(call);
     }
   }
   // Calls admitted before a drain began still run: draining refuses only new admissions.
@@ -637,12 +637,26 @@ void Coordinator::LeadStepLocked(std::unique_lock<std::mutex>& lock, Call* self)
     }
   }
   for (Call* call : live) {
-    call->status = status;
+    if (!status.ok()) call->status = status;  // else its own (FinishStep), OK unless refused
     call->state = Call::State::kDone;
     call->done.notify_one();
   }
   cv_.notify_all();  // a drain may be waiting for the step
   WakeNextLeaderLocked();
+}
+
+Status Coordinator::DeviceMemoryOpenLocked(const ValidatedForward& validated) const {
+  const ForwardBytes& b = validated.bytes;
+  for (const auto& [field, device] :
+       {std::pair{"hidden.region", b.hidden_device}, std::pair{"output_region", b.output_device}}) {
+    if (device.region == 0 || device_regions_.count(device.region) > 0) continue;
+    const auto lost = lost_regions_.find(device.region);
+    return FailedPrecondition(std::string(field) +
+                              ": the registered GPU memory is no longer open on every rank (" +
+                              (lost == lost_regions_.end() ? std::string("closed") : lost->second) +
+                              "); unregister it and register it again");
+  }
+  return Status::Ok();
 }
 
 Status Coordinator::NotServingLocked() const {

@@ -223,9 +223,12 @@ class Coordinator {
   // An error means no rank was sent anything.
   Result<SentStep> SendStep(const std::vector<Call*>& calls);
   // Waits for a sent step's results and fills each call's response; the status is every
-  // call's. Ends the step's InFlight.
+  // call's, but for a call whose values in GPU memory a rank refused, which gets that error in
+  // its Call::status. Ends the step's InFlight.
   Status FinishStep(const std::vector<Call*>& calls, const SentStep& sent);
   Status NotServingLocked() const;
+  // FAILED_PRECONDITION when the call's GPU memory is no longer open on every rank.
+  Status DeviceMemoryOpenLocked(const ValidatedForward& validated) const;
   // Puts one rank's shard of the step into its Step message or its RankIo slot.
   static void WriteShard(const std::vector<Call*>& calls, const std::vector<Piece>& pieces,
                          RankIo* io, int io_slot, gcmoe::internal::v1::Step* step);

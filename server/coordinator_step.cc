@@ -74,8 +74,10 @@ void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<
       data->resize(static_cast<size_t>(rows) * row_bytes);
       return reinterpret_cast<uint8_t*>(data->data());
     };
-    // A call with GPU memory runs alone; its rank reads hidden there.
-    const bool device_hidden = calls.front()->validated->bytes.hidden_device.region != 0;
+    // No activations travel when every row's are in GPU memory.
+    const bool device_hidden = std::all_of(pieces.begin(), pieces.end(), [&calls](const Piece& p) {
+      return calls[p.call]->validated->bytes.hidden_device.region != 0;
+    });
     dst_hidden = device_hidden ? nullptr : sized(step->mutable_hidden(), rb.hidden);
     if (fp8) dst_scales = sized(step->mutable_hidden_scales(), rb.scales);
     dst_ids = sized(step->mutable_topk_ids(), rb.ids);
@@ -89,22 +91,24 @@ void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<
       std::memcpy(dst + p.shard_row * row_bytes, src.data + p.call_row * row_bytes,
                   p.rows * row_bytes);
     };
-    // GPU memory: the rank reads its rows there (the call runs alone: this is its one piece).
+    // GPU memory: the rank reads and writes the piece's rows there.
     auto span = [&p](internal::DeviceSpan* span, const DeviceBytes& device, size_t row_bytes) {
       span->set_region(device.region);
       span->set_offset(device.offset + p.call_row * row_bytes);
       span->set_byte_size(p.rows * row_bytes);
     };
-    if (b.hidden_device.region != 0 || b.output_device.region != 0) step->set_first_row(p.call_row);
-    if (b.output_device.region != 0) {
-      span(step->mutable_output_device(), b.output_device,
-           static_cast<size_t>(H) * (calls[p.call]->validated->output_fp32 ? 4 : 2));
+    if (b.on_device()) {
+      internal::DeviceRows* rows = step->add_device_rows();
+      rows->set_shard_row(static_cast<uint64_t>(p.shard_row));
+      rows->set_rows(static_cast<uint64_t>(p.rows));
+      rows->set_call_row(static_cast<uint64_t>(p.call_row));
+      if (b.hidden_device.region != 0) span(rows->mutable_hidden(), b.hidden_device, rb.hidden);
+      if (b.output_device.region != 0) {
+        span(rows->mutable_output(), b.output_device,
+             static_cast<size_t>(H) * (calls[p.call]->validated->output_fp32 ? 4 : 2));
+      }
     }
-    if (b.hidden_device.region != 0) {
-      span(step->mutable_hidden_device(), b.hidden_device, rb.hidden);
-    } else {
-      copy(dst_hidden, b.hidden, rb.hidden);
-    }
+    if (b.hidden_device.region == 0) copy(dst_hidden, b.hidden, rb.hidden);
     if (fp8) copy(dst_scales, b.hidden_scales, rb.scales);
     copy(dst_ids, b.topk_ids, rb.ids);
     copy(dst_weights, b.topk_weights, rb.weights);
@@ -224,19 +228,9 @@ Result<Coordinator::SentStep> Coordinator::SendStep(const std::vector<Call*>& ca
     std::lock_guard<std::mutex> lock(mu_);
     // A failure since the leader looked leaves the ranks' exchange to be reset by a new epoch.
     if (!serving_) return NotServingLocked();
-    // GPU memory every rank must still hold open (a restarted rank may have lost it).
-    for (const Call* call : calls) {
-      const ForwardBytes& b = call->validated->bytes;
-      for (const auto& [field, device] : {std::pair{"hidden.region", b.hidden_device},
-                                          std::pair{"output_region", b.output_device}}) {
-        if (device.region == 0 || device_regions_.count(device.region) > 0) continue;
-        const auto lost = lost_regions_.find(device.region);
-        return FailedPrecondition(
-            std::string(field) + ": the registered GPU memory is no longer open on every rank (" +
-            (lost == lost_regions_.end() ? std::string("closed") : lost->second) +
-            "); unregister it and register it again");
-      }
-    }
+    // GPU memory every rank must still hold open (LeadStepLocked took out the calls whose
+    // memory was lost before; this is one lost since).
+    for (const Call* call : calls) GCMOE_RETURN_IF_ERROR(DeviceMemoryOpenLocked(*call->validated));
     sent.generation = ++generation_;
     epoch = epoch_;
     passes = planner_->passes();
@@ -395,10 +389,26 @@ Status Coordinator::FinishStep(const std::vector<Call*>& calls, const SentStep& 
   if (status.ok()) {
     status = AssembleOutputs(calls, sent.pieces, sent.ios, sent.io_slot, results, generation);
   }
-  // Values the ranks found bad in GPU memory (a call with GPU memory runs alone): the call's
-  // error, as host bytes would have been; the step itself completed.
+  // Values the ranks found bad in GPU memory: their calls' errors, as host bytes would have
+  // been; the step itself completed, and the other calls succeed. A call's rows on a lower rank
+  // come first in the call, so its first error is the one it gets.
   for (int r = 0; r < P && status.ok(); ++r) {
-    if (!results[r].value_error().empty()) status = InvalidArgument(results[r].value_error());
+    if (results[r].value_errors().empty()) continue;
+    std::vector<int> range_call;  // Step.device_rows[i]'s call, as WriteShard numbered them
+    for (const Piece& p : sent.pieces[r]) {
+      if (calls[p.call]->validated->bytes.on_device()) range_call.push_back(p.call);
+    }
+    for (const internal::ValueError& error : results[r].value_errors()) {
+      if (error.range() >= range_call.size()) {
+        status =
+            Internal("step " + std::to_string(generation) + ": rank " + std::to_string(r) +
+                     " reported a value error for GPU-memory range " +
+                     std::to_string(error.range()) + " of " + std::to_string(range_call.size()));
+        break;
+      }
+      Call* call = calls[range_call[error.range()]];
+      if (call->status.ok()) call->status = InvalidArgument(error.message());
+    }
   }
   const auto assembled = Clock::now();
   lock.lock();
@@ -458,6 +468,7 @@ Status Coordinator::FinishStep(const std::vector<Call*>& calls, const SentStep& 
   }
   const auto end = Clock::now();
   for (Call* call : calls) {
+    if (!call->status.ok()) continue;  // refused values: the caller gets no output or stats
     gcmoe::v1::ForwardStats* stats = call->response->mutable_stats();
     *stats = step_stats;
     stats->set_queue_ns(Nanos(sent.start - call->arrived));

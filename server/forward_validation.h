@@ -37,7 +37,7 @@ struct TensorBytes {
   size_t size = 0;
   bool in_region = false;  // size errors name "<field>.region.byte_size", else "<field>.data"
   // GPU memory (a cuda_ipc registration; data is null): the size is checked here, the values
-  // by the ranks on the GPU (StepResult.value_error).
+  // by the ranks on the GPU (StepResult.value_errors).
   bool on_device = false;
 };
 
@@ -58,6 +58,9 @@ struct ForwardBytes {
   size_t output_size = 0;
   DeviceBytes hidden_device;  // hidden in GPU memory (hidden.on_device)
   DeviceBytes output_device;  // output_region in GPU memory (output stays null)
+
+  // Whether the activations or the output are in GPU memory.
+  bool on_device() const { return hidden_device.region != 0 || output_device.region != 0; }
 };
 
 // A request's tensors as the message carries them.

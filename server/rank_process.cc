@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include <spdlog/spdlog.h>
 
@@ -31,6 +32,53 @@ engine::DType EngineDType(gcmoe::v1::DType dtype) {
       return engine::DType::kFP16;
     default:
       return engine::DType::kBF16;
+  }
+}
+
+// This rank's rows of the step: 0 for a step that gives none (the engine says what is wrong).
+int64_t ShardRows(const internal::Step& step, int rank) {
+  return rank < step.tokens_per_rank_size() ? step.tokens_per_rank(rank) : 0;
+}
+
+// Whether every row's output went to GPU memory, so that none comes back.
+bool AllOutputOnDevice(const internal::Step& step, int64_t shard_rows) {
+  int64_t rows = 0;
+  for (const internal::DeviceRows& d : step.device_rows()) {
+    if (d.output().region() != 0) rows += static_cast<int64_t>(d.rows());
+  }
+  return rows == shard_rows;
+}
+
+// Values found on the GPU that the service refuses: their calls fail, the step did not. The
+// messages are the coordinator's for host bytes (server/forward_validation.cc), naming the
+// call's rows.
+void AddValueErrors(const internal::Step& step, int64_t hidden,
+                    const std::vector<engine::DeviceFaults>& faults, internal::StepResult* result) {
+  for (int i = 0; i < step.device_rows_size() && i < static_cast<int>(faults.size()); ++i) {
+    const int64_t first_row = static_cast<int64_t>(step.device_rows(i).call_row());
+    auto element = [first_row, hidden](int64_t index) {
+      return "[" + std::to_string(first_row + index / hidden) + ", " +
+             std::to_string(index % hidden) + "]";
+    };
+    std::string message;
+    if (const engine::ValueFault& f = faults[i].hidden; f.index >= 0) {
+      char text[32];
+      std::snprintf(text, sizeof(text), "%g", static_cast<double>(f.value));
+      message = "hidden: element " + element(f.index) + " is " +
+                (std::isnan(f.value)   ? std::string("NaN, expected finite activations")
+                 : std::isinf(f.value) ? std::string("Inf, expected finite activations")
+                                       : text + std::string(", expected a magnitude of at most "
+                                                            "2^32 (DESIGN.md §4)"));
+    } else if (const engine::ValueFault& o = faults[i].output; o.index >= 0) {
+      message = "output: element " + element(o.index) + " is " +
+                (std::isnan(o.value) ? "NaN" : "Inf") +
+                ": the layer overflowed FP32 on this input; expected smaller hidden or "
+                "topk_weights (DESIGN.md §4)";
+    }
+    if (message.empty()) continue;
+    internal::ValueError* error = result->add_value_errors();
+    error->set_range(static_cast<uint32_t>(i));
+    error->set_message(std::move(message));
   }
 }
 
@@ -463,30 +511,45 @@ void RankProcess::HandleStep(const Received& received, Stream* stream) {
     request.topk_ids = reinterpret_cast<const int32_t*>(step.topk_ids().data().data());
     request.topk_weights = reinterpret_cast<const float*>(step.topk_weights().data().data());
   }
-  // A call's activations or output in a client's GPU memory (the coordinator checked the spans
-  // against the registration; the rank against what it opened).
-  output_.destination_on_device = false;
-  std::shared_ptr<engine::ImportedMemory> hidden_memory;
-  std::shared_ptr<engine::ImportedMemory> output_memory;
+  // Calls' activations or outputs in a client's GPU memory (the coordinator checked the spans
+  // against the registrations; the rank against what it opened).
+  std::vector<std::shared_ptr<engine::ImportedMemory>> held;  // open until the step is over
+  std::vector<engine::DeviceRows> device_rows;
   const int64_t H = options_.config.model.hidden;
-  if (status.ok() && step.has_hidden_device()) {
-    auto span = ResolveSpan("hidden.region", step.hidden_device());
-    status = span.status();
-    if (status.ok()) {
-      hidden_memory = span->first;
-      request.hidden.data = span->second;
-      request.hidden.on_device = true;
-      request.hidden.scales = nullptr;
+  const int64_t shard_rows = ShardRows(step, options_.rank);
+  const size_t in_row_bytes = static_cast<size_t>(H) * engine::DTypeBytes(request.hidden.dtype);
+  const size_t out_row_bytes = static_cast<size_t>(H) * (request.output_fp32 ? 4 : 2);
+  int64_t device_hidden_rows = 0;
+  for (const internal::DeviceRows& d : step.device_rows()) {
+    if (!status.ok()) break;
+    engine::DeviceRows rows;
+    rows.row = static_cast<int64_t>(d.shard_row());
+    rows.rows = static_cast<int64_t>(d.rows());
+    for (const auto& [field, span, row_bytes] :
+         {std::tuple{"hidden.region", &d.hidden(), in_row_bytes},
+          std::tuple{"output_region", &d.output(), out_row_bytes}}) {
+      if (span->region() == 0) continue;
+      auto resolved = ResolveSpan(field, *span);
+      status = resolved.status();
+      if (status.ok() && span->byte_size() != d.rows() * row_bytes) {
+        status = Internal(std::string(field) + ": a span of " + std::to_string(span->byte_size()) +
+                          " bytes for " + std::to_string(d.rows()) + " rows");
+      }
+      if (!status.ok()) break;
+      held.push_back(resolved->first);
+      if (span == &d.hidden()) {
+        rows.hidden = resolved->second;
+        device_hidden_rows += rows.rows;
+      } else {
+        rows.output = resolved->second;
+      }
     }
+    device_rows.push_back(rows);
   }
-  if (status.ok() && step.has_output_device()) {
-    auto span = ResolveSpan("output_region", step.output_device());
-    status = span.status();
-    if (status.ok()) {
-      output_memory = span->first;
-      output_.destination = std::span<uint8_t>(span->second, step.output_device().byte_size());
-      output_.destination_on_device = true;
-    }
+  if (status.ok() && !device_rows.empty()) {
+    request.device_rows = device_rows;
+    // Every row's activations in GPU memory: nothing to read from the host.
+    if (device_hidden_rows == shard_rows) request.hidden.data = nullptr;
   }
   if (status.ok() && step.placement_version() != placement_version_) {
     status = Internal("step " + std::to_string(step.generation()) + " is for placement version " +
@@ -507,31 +570,10 @@ void RankProcess::HandleStep(const Received& received, Stream* stream) {
     out->set_dtype(request.output_fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
     out->add_shape(tokens_per_rank[options_.rank]);
     out->add_shape(options_.config.model.hidden);
-    if (!step.io() && !output_.destination_on_device) {
+    if (!step.io() && !AllOutputOnDevice(step, shard_rows)) {
       out->set_data(output_.output.data(), output_.output.size());
     }
-    // Values found on the GPU that the service refuses: the call fails, the step did not. The
-    // messages are the coordinator's for host bytes (server/forward_validation.cc).
-    auto element = [&step, H](int64_t index) {
-      return "[" + std::to_string(step.first_row() + index / H) + ", " + std::to_string(index % H) +
-             "]";
-    };
-    if (request.hidden.on_device && output_.hidden_fault.index >= 0) {
-      const float v = output_.hidden_fault.value;
-      char text[32];
-      std::snprintf(text, sizeof(text), "%g", static_cast<double>(v));
-      result->set_value_error("hidden: element " + element(output_.hidden_fault.index) + " is " +
-                              (std::isnan(v) ? std::string("NaN, expected finite activations")
-                               : std::isinf(v)
-                                   ? std::string("Inf, expected finite activations")
-                                   : text + std::string(", expected a magnitude of at most 2^32 "
-                                                        "(DESIGN.md §4)")));
-    } else if (output_.destination_on_device && output_.output_fault.index >= 0) {
-      result->set_value_error("output: element " + element(output_.output_fault.index) + " is " +
-                              (std::isnan(output_.output_fault.value) ? "NaN" : "Inf") +
-                              ": the layer overflowed FP32 on this input; expected smaller "
-                              "hidden or topk_weights (DESIGN.md §4)");
-    }
+    AddValueErrors(step, H, output_.device_faults, result);
     result->mutable_load_before()->Assign(stats_.load_before.begin(), stats_.load_before.end());
     result->mutable_load_after()->Assign(stats_.load_after.begin(), stats_.load_after.end());
     result->set_relief_passes(stats_.passes);

@@ -4,7 +4,8 @@
 // hidden and output in that memory give the bytes the inline calls give; every bad registration
 // and reference gets its code and a message naming the field, values the service refuses are
 // found on the GPU, and the service keeps serving; a registration dropped while calls use it
-// lets them finish. Skips without a GPU.
+// lets them finish; calls with GPU memory merged into one step with others get their own bytes
+// and errors. Skips without a GPU.
 #include <algorithm>
 #include <atomic>
 #include <csignal>
@@ -386,6 +387,84 @@ TEST(CudaIpcMemoryTest, ARestartedRankOpensTheRegistrationsAgain) {
     ++opened;
   }
   EXPECT_EQ(opened, 2) << log;
+}
+
+// Calls with GPU memory share steps with each other and with inline calls: each caller gets the
+// bytes its call gets alone, and a bad value on the GPU fails only its own call.
+TEST(CudaIpcMemoryTest, MergedCallsGetTheirOwnBytesAndFailAlone) {
+  if (!HasGpu()) GTEST_SKIP() << kNoGpu;
+  std::vector<std::string> flags = CudaService();
+  // A step waits (up to 1 s) until four calls are pending: the four calls below share one.
+  for (const char* set : {"server.batch_window_us=1000000", "server.max_batch_calls=4"}) {
+    flags.push_back("--set");
+    flags.push_back(set);
+  }
+  auto service = StartServe(flags, "ipc_merged", milliseconds(120000));
+  ASSERT_TRUE(service);
+  const std::string& address = service->address;
+  DeviceBuffer buffer(4 << 20);
+  ASSERT_TRUE(RegisterGpu(address, "gpu", buffer.handle(), 0, 0, buffer.bytes()).ok());
+  const engine::ModelSpec spec = DefaultModel();
+  const int H = spec.hidden;
+  // Hidden and output on the GPU; inline; hidden on the GPU only; output on the GPU only.
+  constexpr int kCalls = 4;
+  const int tokens[kCalls] = {7, 5, 33, 3};
+  const int64_t hidden_at[kCalls] = {0, -1, 1 << 18, -1};
+  const int64_t output_at[kCalls] = {1 << 20, -1, -1, (1 << 20) + (1 << 18)};
+  std::vector<ForwardRequest> requests;
+  std::vector<std::string> references;
+  for (int i = 0; i < kCalls; ++i) {
+    RequestSpec rs;
+    rs.num_tokens = tokens[i];
+    rs.dtype = gcmoe::v1::BF16;
+    rs.output_dtype = gcmoe::v1::BF16;
+    rs.unused_every = i == 2 ? 3 : 0;
+    rs.seed = 70 + i;
+    requests.push_back(MakeForwardRequest(spec, rs));
+    ForwardResponse alone;  // (waits out the window: no other call comes)
+    ASSERT_TRUE(Forward(address, requests.back(), &alone).ok());
+    EXPECT_EQ(alone.stats().batched_calls(), 1u);
+    references.push_back(alone.output().data());
+  }
+  // Round 0 clean; in round 1 call 2's activations hold a NaN at [2, 5].
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::vector<ForwardRequest> sent;
+    for (int i = 0; i < kCalls; ++i) {
+      ForwardRequest r = requests[i];
+      if (round == 1 && i == 2) {
+        const uint16_t nan_bf16 = 0x7fc0;
+        std::memcpy(r.mutable_hidden()->mutable_data()->data() + 2 * (2 * H + 5), &nan_bf16, 2);
+      }
+      sent.push_back(OnDevice(r, &buffer, 0, "gpu", hidden_at[i], output_at[i]));
+      if (output_at[i] >= 0) {
+        buffer.Write(output_at[i], std::string(references[i].size(), '\x7f'));
+      }
+    }
+    ForwardResponse responses[kCalls];
+    grpc::Status statuses[kCalls];
+    std::vector<std::thread> callers;
+    for (int i = 0; i < kCalls; ++i) {
+      callers.emplace_back([&, i] { statuses[i] = Forward(address, sent[i], &responses[i]); });
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    for (std::thread& t : callers) t.join();
+    for (int i = 0; i < kCalls; ++i) {
+      SCOPED_TRACE("call " + std::to_string(i));
+      if (round == 1 && i == 2) {
+        EXPECT_STATUS(statuses[i], grpc::StatusCode::INVALID_ARGUMENT,
+                      "hidden: element [2, 5] is NaN");
+        continue;
+      }
+      ASSERT_TRUE(statuses[i].ok()) << statuses[i].error_message() << "\n"
+                                    << service->process->Log();
+      EXPECT_EQ(responses[i].stats().batched_calls(), static_cast<uint32_t>(kCalls));
+      const std::string got = output_at[i] >= 0 ? buffer.Read(output_at[i], references[i].size())
+                                                : responses[i].output().data();
+      EXPECT_TRUE(got == references[i]);
+    }
+  }
+  EXPECT_TRUE(Unregister(address, "gpu").ok());
 }
 
 }  // namespace

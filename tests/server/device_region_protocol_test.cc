@@ -43,7 +43,10 @@ class ScriptedRank {
   struct Options {
     bool refuse_opens = false;
     std::set<uint64_t> cannot_reopen;  // Setup's regions it reports as unopened
-    std::string value_error;           // sent with every step's result
+    // Sent with every step's result, for its Step.device_rows[value_error_range] when it has
+    // that range.
+    std::string value_error;
+    uint32_t value_error_range = 0;
   };
 
   ScriptedRank(const std::string& rank_address, int rank, const AttachSecret& secret,
@@ -168,14 +171,23 @@ class ScriptedRank {
         out->set_dtype(fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
         out->add_shape(rows);
         out->add_shape(hidden_);
-        if (!step.has_output_device()) {
+        int device_output_rows = 0;
+        for (const internal::DeviceRows& d : step.device_rows()) {
+          if (d.output().region() != 0) device_output_rows += static_cast<int>(d.rows());
+        }
+        if (device_output_rows < rows) {
           out->set_data(std::string(static_cast<size_t>(rows) * hidden_ * (fp32 ? 4 : 2), '\0'));
         }
         for (int r = 0; r < kRanks; ++r) {
           result->add_load_before(0);
           result->add_load_after(0);
         }
-        result->set_value_error(options_.value_error);
+        if (!options_.value_error.empty() &&
+            options_.value_error_range < static_cast<uint32_t>(step.device_rows_size())) {
+          internal::ValueError* error = result->add_value_errors();
+          error->set_range(options_.value_error_range);
+          error->set_message(options_.value_error);
+        }
       } else {
         continue;
       }
@@ -227,14 +239,20 @@ grpc::Status Forward(const std::string& address, const gcmoe::v1::ForwardRequest
   return stub->Forward(&context, request, response);
 }
 
-// `request` with hidden at `hidden_at` and the output at `output_at` of registration `name`.
+constexpr uint64_t kInline = ~0ull;
+
+// `request` with hidden at `hidden_at` and the output at `output_at` of registration `name`
+// (kInline: that one stays in the messages).
 gcmoe::v1::ForwardRequest OnGpu(gcmoe::v1::ForwardRequest request, const std::string& name,
                                 uint64_t hidden_at, uint64_t output_at) {
   const uint64_t size = request.hidden().data().size();
-  request.mutable_hidden()->clear_data();
-  request.mutable_hidden()->mutable_region()->set_region(name);
-  request.mutable_hidden()->mutable_region()->set_offset(hidden_at);
-  request.mutable_hidden()->mutable_region()->set_byte_size(size);
+  if (hidden_at != kInline) {
+    request.mutable_hidden()->clear_data();
+    request.mutable_hidden()->mutable_region()->set_region(name);
+    request.mutable_hidden()->mutable_region()->set_offset(hidden_at);
+    request.mutable_hidden()->mutable_region()->set_byte_size(size);
+  }
+  if (output_at == kInline) return request;
   request.mutable_output_region()->set_region(name);
   request.mutable_output_region()->set_offset(output_at);
   request.mutable_output_region()->set_byte_size(size);  // BF16 in, BF16 out
@@ -257,21 +275,41 @@ bool Eventually(F done) {
   return done();
 }
 
+// A `gcmoe coordinator` configured for the cuda backend with registered memory allowed (plus
+// `extra` flags), no rank processes, and what a scripted rank needs to attach to it.
+struct CudaCoordinator {
+  CudaCoordinator(const std::string& name, std::vector<std::string> extra)
+      : service(
+            name,
+            [&] {
+              std::vector<std::string> flags = {"--set", "engine.backend=cuda", "--set",
+                                                "server.allow_registered_memory=true"};
+              flags.insert(flags.end(), extra.begin(), extra.end());
+              return flags;
+            }(),
+            /*ranks=*/0),
+        secret(AttachSecret::FromBytes(ReadLine(service.secret_file()))) {
+    config::Config config = config::DefaultConfig();
+    config.engine.backend = "cuda";
+    digest = config.Digest();
+  }
+  std::unique_ptr<ScriptedRank> Rank(int r, ScriptedRank::Options options) {
+    return std::make_unique<ScriptedRank>(service.rank_address(), r, secret, digest,
+                                          DefaultModel().hidden, std::move(options));
+  }
+
+  SeparateProcesses service;
+  AttachSecret secret;
+  std::string digest;
+};
+
 TEST(DeviceRegionProtocolTest, RanksOpenCloseAndReopenWhatTheCoordinatorRegisters) {
-  SeparateProcesses service(
-      "device-regions",
-      {"--set", "engine.backend=cuda", "--set", "server.allow_registered_memory=true"},
-      /*ranks=*/0);
-  const AttachSecret secret = AttachSecret::FromBytes(ReadLine(service.secret_file()));
-  config::Config config = config::DefaultConfig();
-  config.engine.backend = "cuda";
-  const std::string digest = config.Digest();
+  CudaCoordinator coordinator("device-regions", {});
+  SeparateProcesses& service = coordinator.service;
   const engine::ModelSpec model = DefaultModel();
   const int H = model.hidden;
-  auto rank0 = std::make_unique<ScriptedRank>(service.rank_address(), 0, secret, digest, H,
-                                              ScriptedRank::Options{});
-  auto rank1 = std::make_unique<ScriptedRank>(service.rank_address(), 1, secret, digest, H,
-                                              ScriptedRank::Options{});
+  auto rank0 = coordinator.Rank(0, {});
+  auto rank1 = coordinator.Rank(1, {});
   ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(30000))) << service.Logs();
   const std::string handle(64, '\x11');
   const std::string address = service.address();
@@ -311,13 +349,17 @@ TEST(DeviceRegionProtocolTest, RanksOpenCloseAndReopenWhatTheCoordinatorRegister
     ASSERT_EQ(rank->steps().size(), 1u);
     const internal::Step step = rank->steps()[0];
     EXPECT_TRUE(step.hidden().data().empty());
-    EXPECT_EQ(step.hidden_device().region(), id);
-    EXPECT_EQ(step.hidden_device().offset(), 256 + first_rows[r] * row);
-    EXPECT_EQ(step.hidden_device().byte_size(), rows[r] * row);
-    EXPECT_EQ(step.output_device().region(), id);
-    EXPECT_EQ(step.output_device().offset(), 65536 + first_rows[r] * row);
-    EXPECT_EQ(step.output_device().byte_size(), rows[r] * row);
-    EXPECT_EQ(step.first_row(), first_rows[r]);
+    ASSERT_EQ(step.device_rows_size(), 1);
+    const internal::DeviceRows& d = step.device_rows(0);
+    EXPECT_EQ(d.shard_row(), 0u);
+    EXPECT_EQ(d.rows(), rows[r]);
+    EXPECT_EQ(d.call_row(), first_rows[r]);
+    EXPECT_EQ(d.hidden().region(), id);
+    EXPECT_EQ(d.hidden().offset(), 256 + first_rows[r] * row);
+    EXPECT_EQ(d.hidden().byte_size(), rows[r] * row);
+    EXPECT_EQ(d.output().region(), id);
+    EXPECT_EQ(d.output().offset(), 65536 + first_rows[r] * row);
+    EXPECT_EQ(d.output().byte_size(), rows[r] * row);
     EXPECT_EQ(step.topk_ids().data().size(), rows[r] * model.top_k * 4);  // routing inline
   }
 
@@ -330,9 +372,7 @@ TEST(DeviceRegionProtocolTest, RanksOpenCloseAndReopenWhatTheCoordinatorRegister
 
   // One rank refuses: RegisterMemory gets its error, and the rank that opened it closes it.
   auto rank_with = [&](ScriptedRank::Options options) {
-    return [&, options] {
-      return std::make_unique<ScriptedRank>(service.rank_address(), 1, secret, digest, H, options);
-    };
+    return [&, options] { return coordinator.Rank(1, options); };
   };
   ASSERT_NO_FATAL_FAILURE(
       Restart(&rank1, service, rank_with(ScriptedRank::Options{.refuse_opens = true})))
@@ -375,6 +415,90 @@ TEST(DeviceRegionProtocolTest, RanksOpenCloseAndReopenWhatTheCoordinatorRegister
                 grpc::StatusCode::FAILED_PRECONDITION, "no longer open on every rank (rank 1");
   EXPECT_TRUE(Forward(address, MakeForwardRequest(model, rs), &response).ok());
   EXPECT_TRUE(Unregister(address, "gpu2").ok());
+}
+
+// Calls with GPU memory merge with each other and with inline calls: each rank gets one range
+// per piece of such a call, in row order, with the rows inline calls send; each caller gets its
+// own answer, and a value a rank refuses fails only the call whose range it names.
+TEST(DeviceRegionProtocolTest, CallsWithGpuMemoryShareAStepAndFailAlone) {
+  // A step waits (up to 1 s) until three calls are pending, so the three calls below share one.
+  CudaCoordinator coordinator("device-regions-merged", {"--set", "server.batch_window_us=1000000",
+                                                        "--set", "server.max_batch_calls=3"});
+  SeparateProcesses& service = coordinator.service;
+  const engine::ModelSpec model = DefaultModel();
+  const int H = model.hidden;
+  auto rank0 = coordinator.Rank(0, {});
+  auto rank1 = coordinator.Rank(
+      1, {.value_error = "hidden: element [2, 5] is NaN, expected finite activations"});
+  ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(30000))) << service.Logs();
+  const std::string address = service.address();
+  gcmoe::v1::RegisterMemoryResponse registered;
+  ASSERT_TRUE(RegisterGpu(address, "gpu", std::string(64, '\x22'), 0, 1 << 20, &registered).ok())
+      << service.Logs();
+  const uint64_t id = rank0->opened().at(0).id();
+
+  // A: 7 rows, activations and output on the GPU; B: 5 rows inline; C: 4 rows, activations on
+  // the GPU, output inline. 16 rows in shards of 8: rank 0 has A[0, 7) and B[0, 1), rank 1
+  // B[1, 5) and C[0, 4).
+  const uint64_t row = static_cast<uint64_t>(H) * 2;
+  auto spec = [](int tokens) {
+    RequestSpec rs;
+    rs.num_tokens = tokens;
+    rs.dtype = gcmoe::v1::BF16;
+    rs.output_dtype = gcmoe::v1::BF16;
+    return rs;
+  };
+  const gcmoe::v1::ForwardRequest requests[3] = {
+      OnGpu(MakeForwardRequest(model, spec(7)), "gpu", 0, 65536),
+      MakeForwardRequest(model, spec(5)),
+      OnGpu(MakeForwardRequest(model, spec(4)), "gpu", 131072, kInline)};
+  gcmoe::v1::ForwardResponse responses[3];
+  grpc::Status statuses[3];
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 3; ++i) {
+    callers.emplace_back([&, i] { statuses[i] = Forward(address, requests[i], &responses[i]); });
+    std::this_thread::sleep_for(milliseconds(100));  // arrival order is the step's row order
+  }
+  for (std::thread& t : callers) t.join();
+
+  ASSERT_EQ(rank0->steps().size(), 1u) << service.Logs();
+  ASSERT_EQ(rank1->steps().size(), 1u);
+  const internal::Step s0 = rank0->steps()[0];
+  const internal::Step s1 = rank1->steps()[0];
+  // Inline rows travel as before; GPU rows' activations travel in the messages' padding only.
+  EXPECT_EQ(s0.hidden().data().size(), 8 * row);
+  EXPECT_EQ(s1.hidden().data().size(), 8 * row);
+  EXPECT_EQ(s0.hidden().data().substr(7 * row), requests[1].hidden().data().substr(0, row));
+  EXPECT_EQ(s1.hidden().data().substr(0, 4 * row), requests[1].hidden().data().substr(row));
+  ASSERT_EQ(s0.device_rows_size(), 1);
+  const internal::DeviceRows& a = s0.device_rows(0);
+  EXPECT_EQ(a.shard_row(), 0u);
+  EXPECT_EQ(a.rows(), 7u);
+  EXPECT_EQ(a.call_row(), 0u);
+  EXPECT_EQ(a.hidden().region(), id);
+  EXPECT_EQ(a.hidden().offset(), 0u);
+  EXPECT_EQ(a.hidden().byte_size(), 7 * row);
+  EXPECT_EQ(a.output().region(), id);
+  EXPECT_EQ(a.output().offset(), 65536u);
+  EXPECT_EQ(a.output().byte_size(), 7 * row);
+  ASSERT_EQ(s1.device_rows_size(), 1);
+  const internal::DeviceRows& c = s1.device_rows(0);
+  EXPECT_EQ(c.shard_row(), 4u);
+  EXPECT_EQ(c.rows(), 4u);
+  EXPECT_EQ(c.call_row(), 0u);
+  EXPECT_EQ(c.hidden().region(), id);
+  EXPECT_EQ(c.hidden().offset(), 131072u);
+  EXPECT_EQ(c.hidden().byte_size(), 4 * row);
+  EXPECT_EQ(c.output().region(), 0u);
+
+  // Rank 1 refused a value of C's range: C fails with its words, A and B are answered.
+  EXPECT_TRUE(statuses[0].ok()) << statuses[0].error_message();
+  EXPECT_TRUE(responses[0].output().data().empty());
+  EXPECT_EQ(responses[0].stats().batched_calls(), 3u);
+  EXPECT_TRUE(statuses[1].ok()) << statuses[1].error_message();
+  EXPECT_EQ(responses[1].output().data(), std::string(5 * row, '\0'));
+  EXPECT_EQ(responses[1].stats().batched_calls(), 3u);
+  EXPECT_STATUS(statuses[2], grpc::StatusCode::INVALID_ARGUMENT, "hidden: element [2, 5] is NaN");
 }
 
 }  // namespace
