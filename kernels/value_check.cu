@@ -19,8 +19,10 @@ struct CopyBatch {
 __device__ bool Beyond(float v, float limit) { return !(fabsf(v) <= limit); }
 
 // kUnit bytes per thread and step: 16 (vector loads and stores) when every address and pitch
-// allows, else one value.
-template <bool kFp32, int kUnit>
+// allows, else one value, loaded and stored byte by byte (kBytewise) when an address or pitch is
+// not a multiple of the value's size: a client's tensor may start anywhere, and a misaligned
+// load would end the rank's CUDA context.
+template <bool kFp32, int kUnit, bool kBytewise>
 __global__ void __launch_bounds__(kThreads)
     CopyRowsCheckedKernel(const __grid_constant__ CopyBatch batch) {
   const RowCopy& c = batch.copies[blockIdx.y];
@@ -51,6 +53,13 @@ __global__ void __launch_bounds__(kThreads)
           values[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
         }
       }
+    } else if constexpr (kBytewise) {
+      uint32_t bits = 0;
+      for (int b = 0; b < kValueBytes; ++b) {
+        to[b] = from[b];
+        bits |= static_cast<uint32_t>(from[b]) << (8 * b);
+      }
+      values[0] = __uint_as_float(kFp32 ? bits : bits << 16);
     } else if constexpr (kFp32) {
       const float v = *reinterpret_cast<const float*>(from);
       *reinterpret_cast<float*>(to) = v;
@@ -76,7 +85,19 @@ __global__ void __launch_bounds__(kThreads)
   if ((threadIdx.x & 31) == 0 && mine != ~0ull) atomicMin(&batch.first[blockIdx.y], mine);
 }
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+bool Aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+template <bool kFp32>
+void Launch(const CopyBatch& batch, dim3 grid, int unit, bool bytewise, cudaStream_t stream) {
+  constexpr int kValueBytes = kFp32 ? 4 : 2;
+  if (unit == 16) {
+    CopyRowsCheckedKernel<kFp32, 16, false><<<grid, kThreads, 0, stream>>>(batch);
+  } else if (bytewise) {
+    CopyRowsCheckedKernel<kFp32, kValueBytes, true><<<grid, kThreads, 0, stream>>>(batch);
+  } else {
+    CopyRowsCheckedKernel<kFp32, kValueBytes, false><<<grid, kThreads, 0, stream>>>(batch);
+  }
+}
 
 }  // namespace
 
@@ -89,15 +110,25 @@ cudaError_t LaunchCopyRowsChecked(std::span<const RowCopy> copies, int64_t row_v
     batch.first = first + begin;
     batch.row_values = row_values;
     batch.limit = limit;
-    bool vector = (row_values * value_bytes) % 16 == 0;
+    // The widest access every range's addresses and pitches allow.
+    auto allows = [&](int bytes) {
+      for (size_t i = 0; i < n; ++i) {
+        const RowCopy& c = copies[begin + i];
+        if (!Aligned(c.src, bytes) || !Aligned(c.dst, bytes) || c.src_pitch % bytes != 0 ||
+            c.dst_pitch % bytes != 0) {
+          return false;
+        }
+      }
+      return true;
+    };
     int64_t most_bytes = 0;
     for (size_t i = 0; i < n; ++i) {
       const RowCopy& c = copies[begin + i];
       batch.copies[i] = c;
-      vector = vector && Aligned16(c.src) && Aligned16(c.dst) && c.src_pitch % 16 == 0 &&
-               c.dst_pitch % 16 == 0;
       most_bytes = std::max(most_bytes, c.rows * row_values * value_bytes);
     }
+    const bool vector = (row_values * value_bytes) % 16 == 0 && allows(16);
+    const bool bytewise = !vector && !allows(value_bytes);
     if (most_bytes == 0) continue;
     // About four units a thread, at most kMaxBlocksPerCopy blocks (grid-stride beyond).
     const int unit = vector ? 16 : value_bytes;
@@ -105,15 +136,9 @@ cudaError_t LaunchCopyRowsChecked(std::span<const RowCopy> copies, int64_t row_v
         (most_bytes / unit + kThreads * 4 - 1) / (kThreads * 4), 1, kMaxBlocksPerCopy);
     const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(n));
     if (fp32) {
-      if (vector) {
-        CopyRowsCheckedKernel<true, 16><<<grid, kThreads, 0, stream>>>(batch);
-      } else {
-        CopyRowsCheckedKernel<true, 4><<<grid, kThreads, 0, stream>>>(batch);
-      }
-    } else if (vector) {
-      CopyRowsCheckedKernel<false, 16><<<grid, kThreads, 0, stream>>>(batch);
+      Launch<true>(batch, grid, unit, bytewise, stream);
     } else {
-      CopyRowsCheckedKernel<false, 2><<<grid, kThreads, 0, stream>>>(batch);
+      Launch<false>(batch, grid, unit, bytewise, stream);
     }
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;

@@ -24,7 +24,8 @@ struct RowCopy {
 // and lowers first[i] to the smallest index (row * row_values + column) within range i whose
 // value is not within [-limit, limit]; NaN never is. The copy is made whatever the values. The
 // caller sets first[0 .. copies.size()) to ~0 beforehand and reads them once `stream` has run
-// the copies. A limit of FLT_MAX finds the first Inf or NaN. Ranges must not overlap.
+// the copies. A limit of FLT_MAX finds the first Inf or NaN. Ranges must not overlap; any
+// address and pitch is allowed (the widest access they all allow is used).
 cudaError_t LaunchCopyRowsChecked(std::span<const RowCopy> copies, int64_t row_values, bool fp32,
                                   float limit, unsigned long long* first, cudaStream_t stream);
 

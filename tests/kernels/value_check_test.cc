@@ -124,10 +124,11 @@ TEST(ValueCheckTest, CopiesARangeAndFindsItsFirstValueBeyondTheLimitAsAHostScanD
     for (float& v : clean) v = unit(rng);
     const size_t n = clean.size();
     for (const bool fp32 : {false, true}) {
-      // Vector copies (aligned rows, padded destination rows as the engine's are), and the
-      // value-by-value path (a source 2 bytes off 16).
+      // Vector copies (aligned rows, padded destination rows as the engine's are), the
+      // value-by-value path (2 bytes off 16: aligned for BF16, not for FP32, which goes byte by
+      // byte), and byte by byte (an odd start and pitch, as a client's tensor may have).
       for (const auto& [src_pad, dst_pad, shift] :
-           {std::tuple{0, 64, 0}, std::tuple{0, 0, 2}, std::tuple{32, 0, 0}}) {
+           {std::tuple{0, 64, 0}, std::tuple{0, 0, 2}, std::tuple{32, 0, 0}, std::tuple{3, 0, 1}}) {
         SCOPED_TRACE("rows " + std::to_string(rows) + (fp32 ? " FP32" : " BF16") + " pads " +
                      std::to_string(src_pad) + "/" + std::to_string(dst_pad) + " shift " +
                      std::to_string(shift));
