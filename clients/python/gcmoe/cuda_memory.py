@@ -27,7 +27,7 @@ import ctypes
 
 import numpy as np
 
-from gcmoe.shm import RegionArray
+from gcmoe.shm import RegionArray, _place
 from gcmoe.v1 import moe_pb2
 
 _ALIGNMENT = 256
@@ -107,12 +107,8 @@ class CudaMemory:
         if dtype not in _DTYPES:
             raise ValueError(f"dtype: {dtype!r}, expected 'bf16' or 'fp32'")
         dtype = _DTYPES[dtype]
-        if offset is None:
-            offset = -(-self._next // _ALIGNMENT) * _ALIGNMENT
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if offset < 0 or offset + nbytes > self.byte_size:
-            raise ValueError(f"{nbytes} bytes at offset {offset} do not fit in the registration's "
-                             f"{self.byte_size} bytes")
+        offset, nbytes = _place(self._next, _ALIGNMENT, shape, dtype.itemsize, offset,
+                                self.byte_size, "the registration")
         self._next = max(self._next, offset + nbytes)
         return DeviceArray(self, offset, shape, dtype)
 

@@ -22,6 +22,19 @@ from gcmoe.v1 import moe_pb2
 _ALIGNMENT = 64
 
 
+def _place(next_free, alignment, shape, itemsize, offset, byte_size, what):
+    """Where an array of `shape` and `itemsize` goes in a registration of `byte_size` bytes whose
+    arrays so far end at `next_free`: (offset, nbytes), at `offset` or else the next `alignment`
+    boundary. ValueError, naming `what` holds the bytes, when it does not fit."""
+    if offset is None:
+        offset = -(-next_free // alignment) * alignment
+    nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+    if offset < 0 or offset + nbytes > byte_size:
+        raise ValueError(f"{nbytes} bytes at offset {offset} do not fit in {what}'s "
+                         f"{byte_size} bytes")
+    return offset, nbytes
+
+
 class RegionArray:
     """A dense little-endian array inside a SharedMemoryRegion: `array` is its NumPy view,
     `offset` and `nbytes` where it lies. Pass it to forward() in place of a NumPy array."""
@@ -78,12 +91,8 @@ class SharedMemoryRegion:
         """A RegionArray of `shape` and `dtype` at `offset` (default: the next free 64-byte
         boundary)."""
         dtype = np.dtype(dtype)
-        if offset is None:
-            offset = -(-self._next // _ALIGNMENT) * _ALIGNMENT
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if offset < 0 or offset + nbytes > self.byte_size:
-            raise ValueError(f"{nbytes} bytes at offset {offset} do not fit in the region's "
-                             f"{self.byte_size} bytes")
+        offset, nbytes = _place(self._next, _ALIGNMENT, shape, dtype.itemsize, offset,
+                                self.byte_size, "the region")
         self._next = max(self._next, offset + nbytes)
         return RegionArray(self, offset, shape, dtype)
 
