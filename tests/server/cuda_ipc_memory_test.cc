@@ -443,9 +443,15 @@ TEST(CudaIpcMemoryTest, MergedCallsGetTheirOwnBytesAndFailAlone) {
     }
     ForwardResponse responses[kCalls];
     grpc::Status statuses[kCalls];
+    std::vector<std::unique_ptr<gcmoe::v1::MoeService::Stub>> stubs;
+    for (int i = 0; i < kCalls; ++i) stubs.push_back(ConnectNow(address));
     std::vector<std::thread> callers;
     for (int i = 0; i < kCalls; ++i) {
-      callers.emplace_back([&, i] { statuses[i] = Forward(address, sent[i], &responses[i]); });
+      callers.emplace_back([&, i] {
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+        statuses[i] = stubs[i]->Forward(&context, sent[i], &responses[i]);
+      });
       std::this_thread::sleep_for(milliseconds(50));
     }
     for (std::thread& t : callers) t.join();

@@ -454,9 +454,15 @@ TEST(DeviceRegionProtocolTest, CallsWithGpuMemoryShareAStepAndFailAlone) {
       OnGpu(MakeForwardRequest(model, spec(4)), "gpu", 131072, kInline)};
   gcmoe::v1::ForwardResponse responses[3];
   grpc::Status statuses[3];
+  std::vector<std::unique_ptr<gcmoe::v1::MoeService::Stub>> stubs;
+  for (int i = 0; i < 3; ++i) stubs.push_back(ConnectNow(address));
   std::vector<std::thread> callers;
   for (int i = 0; i < 3; ++i) {
-    callers.emplace_back([&, i] { statuses[i] = Forward(address, requests[i], &responses[i]); });
+    callers.emplace_back([&, i] {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      statuses[i] = stubs[i]->Forward(&context, requests[i], &responses[i]);
+    });
     std::this_thread::sleep_for(milliseconds(100));  // arrival order is the step's row order
   }
   for (std::thread& t : callers) t.join();

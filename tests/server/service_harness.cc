@@ -137,13 +137,28 @@ bool WaitForHealth(const std::string& address, const std::string& want, millisec
   return false;
 }
 
-std::unique_ptr<gcmoe::v1::MoeService::Stub> Connect(
-    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
+namespace {
+
+std::shared_ptr<grpc::Channel> MoeChannel(const std::string& address,
+                                          std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
-  return gcmoe::v1::MoeService::NewStub(grpc::CreateCustomChannel(
-      address, credentials ? credentials : grpc::InsecureChannelCredentials(), args));
+  return grpc::CreateCustomChannel(
+      address, credentials ? credentials : grpc::InsecureChannelCredentials(), args);
+}
+
+}  // namespace
+
+std::unique_ptr<gcmoe::v1::MoeService::Stub> Connect(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  return gcmoe::v1::MoeService::NewStub(MoeChannel(address, credentials));
+}
+
+std::unique_ptr<gcmoe::v1::MoeService::Stub> ConnectNow(const std::string& address) {
+  std::shared_ptr<grpc::Channel> channel = MoeChannel(address, nullptr);
+  channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  return gcmoe::v1::MoeService::NewStub(channel);
 }
 
 grpc::Status Unregister(const std::string& address, const std::string& name,

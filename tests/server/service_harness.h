@@ -67,6 +67,9 @@ bool WaitForHealth(const std::string& address, const std::string& want, millisec
 
 std::unique_ptr<gcmoe::v1::MoeService::Stub> Connect(
     const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
+// Connect, and wait until the channel is connected (at most 10 s), so that a call made on it
+// goes out at once: for tests whose calls must arrive in the order they are made.
+std::unique_ptr<gcmoe::v1::MoeService::Stub> ConnectNow(const std::string& address);
 
 // MoeService.UnregisterMemory of `name`, with `token` as bearer token unless empty.
 grpc::Status Unregister(const std::string& address, const std::string& name,
