@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -15,7 +14,6 @@
 #include "engine/cuda_ipc.h"
 #include "engine/cuda_memory_import.h"
 #include "kernels/role2_trace.h"
-#include "kernels/value_check.h"
 #include "kernels/wait_backoff.h"
 
 namespace gcmoe::engine {
@@ -604,7 +602,8 @@ cudaError_t CudaBackend::UploadHidden(const StepContext& ctx) {
   if (err == cudaSuccess && !ctx.device_rows.empty()) {
     const size_t n = ctx.device_rows.size();
     err = cudaMemsetAsync(faults_, 0xff, 2 * n * sizeof(unsigned long long), s);
-    std::vector<kernels::RowCopy> copies(n);
+    std::vector<kernels::RowCopy>& copies = row_copies_;
+    copies.assign(n, kernels::RowCopy{});
     for (size_t i = 0; i < n; ++i) {
       const DeviceRows& r = ctx.device_rows[i];
       if (r.hidden == nullptr) continue;  // rows 0: nothing to copy or check
@@ -635,7 +634,8 @@ cudaError_t CudaBackend::CopyOutputToDevice(const StepContext& ctx) {
   const size_t out_bytes = ctx.output_fp32 ? 4 : 2;
   const int64_t row_bytes = static_cast<int64_t>(options_.model.hidden * out_bytes);
   const int64_t pitch = static_cast<int64_t>(dims_.hidden * out_bytes);
-  std::vector<kernels::RowCopy> copies(n);
+  std::vector<kernels::RowCopy>& copies = row_copies_;
+  copies.assign(n, kernels::RowCopy{});
   for (size_t i = 0; i < n; ++i) {
     const DeviceRows& r = ctx.device_rows[i];
     if (r.output == nullptr) continue;

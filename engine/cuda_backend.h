@@ -26,6 +26,7 @@
 #include "engine/gpu_step_tables.h"
 #include "engine/nccl_comm.h"
 #include "kernels/layer_graph.h"
+#include "kernels/value_check.h"
 
 namespace gcmoe::engine {
 
@@ -148,6 +149,7 @@ class CudaBackend final : public Backend {
   // Host copies of the step tables, storage reused.
   GpuStepTables tables_;
   std::vector<int32_t> direct_rows_host_;  // BuildDirectRows
+  std::vector<kernels::RowCopy> row_copies_;  // the DeviceRows ranges' copies in or out
   AllToAllLayout records_;                 // the baseline's dispatch round
   AllToAllLayout partials_;                // and its return round
   // Timing of a step's stages: before the uploads, after them, after the layer, after the
