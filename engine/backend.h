@@ -159,9 +159,22 @@ class Backend {
 
   // Runs this rank's part of a step. Blocks until this rank's outputs are complete.
   virtual Status Step(const StepContext& ctx, StepOutput* out) = 0;
+
+  // The same step in two halves, so that a step's host work (the engine's split and plan, the
+  // backend's tables and uploads) runs while the step before it is still on the device:
+  // Launch enqueues the step and returns, Finish waits for it and completes `out`. With
+  // pipelines() false, Launch runs the whole step and Finish only returns. At most two steps are
+  // launched and not finished; they finish in launch order, each once (after a Launch that
+  // returned OK); `out` and what `ctx` points to, but ctx.plan, stay valid until then.
+  virtual bool pipelines() const { return false; }
+  virtual Status Launch(const StepContext& ctx, StepOutput* out) { return Step(ctx, out); }
+  // Whether Finish(generation) would return without waiting for the device.
+  virtual bool Done(uint64_t /*generation*/) { return true; }
+  virtual Status Finish(uint64_t /*generation*/, StepOutput* /*out*/) { return Status::Ok(); }
   // Optional: starts moving the step's activations (ctx.hidden of ctx.num_tokens rows; ctx.plan
   // is not made yet) to where Step reads them, so that the move overlaps the host work that
-  // plans the step. The Step of the same generation finds them there; any other ignores it.
+  // plans the step. The Step (or Launch) of the same generation finds them there; any other
+  // ignores it.
   virtual void PrefetchInputs(const StepContext& /*ctx*/) {}
 
   // Optional: host memory that steps will read inputs from and write outputs to, for as long as

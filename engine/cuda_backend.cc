@@ -147,26 +147,28 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& o
   // Two per DeviceRows range, and a range holds at least one of the shard's rows.
   const size_t fault_bytes = 2 * static_cast<size_t>(std::max(1, options.max_tokens_per_rank)) *
                              sizeof(unsigned long long);
-  err = cudaMalloc(&backend->faults_, fault_bytes);
-  if (err == cudaSuccess)
-    err = cudaHostAlloc(&backend->faults_host_, fault_bytes, cudaHostAllocDefault);
-  if (err != cudaSuccess) return CudaError("allocating the value-check results", err);
+  const size_t staging_bytes = backend->graph_->step_inputs_layout().total;
+  for (Lane& lane : backend->lanes_) {
+    err = cudaMalloc(&lane.faults, fault_bytes);
+    if (err == cudaSuccess)
+      err = cudaHostAlloc(&lane.faults_host, fault_bytes, cudaHostAllocDefault);
+    if (err != cudaSuccess) return CudaError("allocating the value-check results", err);
+    for (cudaEvent_t& event : lane.events) {
+      err = cudaEventCreate(&event);
+      if (err != cudaSuccess) return CudaError("creating the stage timing events", err);
+    }
+    err = cudaHostAlloc(&lane.staging, staging_bytes, cudaHostAllocDefault);
+    if (err != cudaSuccess) {
+      return CudaError("pinning " + std::to_string(staging_bytes) + " bytes for the step tables",
+                       err);
+    }
+  }
   backend->alltoall_ = alltoall;
   backend->dims_ = padded;
   backend->trace_role2_ = graph_options.trace_role2;
   backend->wait_timeout_ = std::chrono::milliseconds(tuning.wait_timeout_ms);
   backend->ipc_name_ = CudaIpcRegionName(backend->graph_->exchange_base(),
                                          backend->graph_->exchange_bytes(), options.device);
-  for (cudaEvent_t& event : backend->stage_events_) {
-    err = cudaEventCreate(&event);
-    if (err != cudaSuccess) return CudaError("creating the stage timing events", err);
-  }
-  const size_t staging_bytes = backend->graph_->step_inputs_layout().total;
-  err = cudaHostAlloc(&backend->staging_, staging_bytes, cudaHostAllocDefault);
-  if (err != cudaSuccess) {
-    return CudaError("pinning " + std::to_string(staging_bytes) + " bytes for the step tables",
-                     err);
-  }
   return backend;
 }
 
@@ -181,13 +183,15 @@ Status CudaBackend::SelectDevice() const {
 CudaBackend::~CudaBackend() {
   cudaSetDevice(options_.device);
   graph_.reset();  // synchronizes before freeing the workspace
-  for (cudaEvent_t event : stage_events_) {
-    if (event != nullptr) cudaEventDestroy(event);
+  for (Lane& lane : lanes_) {
+    for (cudaEvent_t event : lane.events) {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
+    if (lane.staging != nullptr) cudaFreeHost(lane.staging);
+    if (lane.faults != nullptr) cudaFree(lane.faults);
+    if (lane.faults_host != nullptr) cudaFreeHost(lane.faults_host);
   }
   for (void* data : registered_) cudaHostUnregister(data);
-  if (staging_ != nullptr) cudaFreeHost(staging_);
-  if (faults_ != nullptr) cudaFree(faults_);
-  if (faults_host_ != nullptr) cudaFreeHost(faults_host_);
   nccl_.reset();
   ipc_peers_.Close();
   FreeWeights();
@@ -361,16 +365,17 @@ void CudaBackend::SetAllToAllBytes() {
        static_cast<int64_t>(dims_.hidden) * 2, true, &partials_);
 }
 
-Status CudaBackend::Sync(const char* what, uint64_t generation) {
+Status CudaBackend::Sync(const char* what, const Lane& lane) {
   cudaError_t err = cudaSuccess;
   if (!alltoall_) {
-    err = cudaStreamSynchronize(graph_->stream());
+    // The lane's end, not the stream's: the next step may be queued behind it already.
+    err = cudaEventSynchronize(lane.events[3]);
   } else {
     // NCCL waits on a dead peer forever: poll, and abandon the communicator on an abort or
     // once the device wait limit has passed.
     const auto start = std::chrono::steady_clock::now();
     while ((err = cudaStreamQuery(graph_->stream())) == cudaErrorNotReady) {
-      const bool aborted = graph_->Aborted(generation);
+      const bool aborted = graph_->Aborted(lane.generation);
       if (aborted || std::chrono::steady_clock::now() - start > wait_timeout_) {
         nccl_->Abort();
         connected_ = false;
@@ -392,7 +397,7 @@ Status CudaBackend::Sync(const char* what, uint64_t generation) {
   return Status::Ok();
 }
 
-cudaError_t CudaBackend::Launch(int bm, Status* nccl_status) {
+cudaError_t CudaBackend::LaunchLayer(int bm, Status* nccl_status) {
   if (!alltoall_) return graph_->Replay(bm, tables_.merged_tails());
   using kernels::AllToAllStage;
   kernels::LayerGraph& g = *graph_;
@@ -415,25 +420,83 @@ cudaError_t CudaBackend::Launch(int bm, Status* nccl_status) {
 }
 
 Status CudaBackend::Step(const StepContext& ctx, StepOutput* out) {
-  std::lock_guard<std::mutex> lock(step_mutex_);
-  if (std::string lost = device_lost(); !lost.empty()) {
-    return Internal("cuda backend: the GPU is unusable for this process since an earlier step (" +
-                    lost + ")");
-  }
-  Status status = RunStep(ctx, out);
-  if (status.ok() || status.code() == StatusCode::kInvalidArgument) return status;
+  GCMOE_RETURN_IF_ERROR(Launch(ctx, out));
+  return Finish(ctx.generation, out);
+}
+
+void CudaBackend::NoteSticky() {
   // A failed step may have left the context broken: then nothing will run again in this process.
   const cudaError_t err = cudaStreamQuery(graph_->stream());
   if (IsStickyCudaError(err)) {
     std::lock_guard<std::mutex> lost_lock(lost_mutex_);
     lost_ = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
   }
+}
+
+CudaBackend::Lane* CudaBackend::LaneOf(uint64_t generation) {
+  for (Lane& lane : lanes_) {
+    if (lane.busy && lane.generation == generation) return &lane;
+  }
+  return nullptr;
+}
+
+Status CudaBackend::Launch(const StepContext& ctx, StepOutput* out) {
+  std::lock_guard<std::mutex> lock(step_mutex_);
+  if (std::string lost = device_lost(); !lost.empty()) {
+    return Internal("cuda backend: the GPU is unusable for this process since an earlier step (" +
+                    lost + ")");
+  }
+  Lane& lane = lanes_[next_lane_];
+  if (lane.busy) {
+    return FailedPrecondition("cuda backend: step " + std::to_string(ctx.generation) +
+                              " launched while two steps are unfinished");
+  }
+  const bool prefetched = lane.prefetched && lane.generation == ctx.generation;
+  lane.prefetched = false;
+  lane.generation = ctx.generation;
+  lane.ctx = ctx;
+  lane.ctx.plan = nullptr;
+  Status status = LaunchStep(ctx, out, &lane, prefetched);
+  if (status.ok()) {
+    lane.busy = true;
+    next_lane_ = 1 - next_lane_;
+    return status;
+  }
+  // What was enqueued may still read the lane's staging, which the next launch rewrites.
+  if (lane.enqueued) cudaStreamSynchronize(graph_->stream());
+  if (status.code() != StatusCode::kInvalidArgument) NoteSticky();
+  return status;
+}
+
+bool CudaBackend::Done(uint64_t generation) {
+  std::lock_guard<std::mutex> lock(step_mutex_);
+  const Lane* lane = LaneOf(generation);
+  return lane == nullptr || !lane->enqueued || alltoall_ ||
+         cudaEventQuery(lane->events[3]) != cudaErrorNotReady;
+}
+
+Status CudaBackend::Finish(uint64_t generation, StepOutput* out) {
+  std::lock_guard<std::mutex> lock(step_mutex_);
+  Lane* lane = LaneOf(generation);
+  if (lane == nullptr) {
+    return FailedPrecondition("cuda backend: step " + std::to_string(generation) +
+                              " is not launched");
+  }
+  if (lanes_[0].busy && lanes_[1].busy && lane != &lanes_[next_lane_]) {
+    return FailedPrecondition("cuda backend: step " + std::to_string(generation) +
+                              " finished before the step launched before it");
+  }
+  lane->busy = false;
+  Status status = FinishStep(lane, out);
+  if (!status.ok() && status.code() != StatusCode::kInvalidArgument) NoteSticky();
   return status;
 }
 
 void CudaBackend::PrefetchInputs(const StepContext& ctx) {
   std::lock_guard<std::mutex> lock(step_mutex_);
-  prefetched_ = false;
+  Lane& lane = lanes_[next_lane_];
+  if (lane.busy) return;  // Launch refuses the step and says why
+  lane.prefetched = false;
   // What Step would refuse is left to Step, which says why.
   const bool fp8 = ctx.hidden.dtype == DType::kFP8E4M3;
   if (ctx.num_tokens <= 0 || ctx.num_tokens > options_.max_tokens_per_rank ||
@@ -442,10 +505,10 @@ void CudaBackend::PrefetchInputs(const StepContext& ctx) {
     return;
   }
   if (!device_lost().empty() || !SelectDevice().ok()) return;
-  if (cudaEventRecord(stage_events_[0], graph_->stream()) != cudaSuccess) return;
-  if (UploadHidden(ctx) != cudaSuccess) return;  // Step copies again and reports the error
-  prefetched_ = true;
-  prefetched_generation_ = ctx.generation;
+  if (cudaEventRecord(lane.events[0], graph_->stream()) != cudaSuccess) return;
+  if (UploadHidden(ctx, &lane) != cudaSuccess) return;  // Launch copies again, reports the error
+  lane.prefetched = true;
+  lane.generation = ctx.generation;
 }
 
 std::string CudaBackend::device_lost() const {
@@ -453,9 +516,9 @@ std::string CudaBackend::device_lost() const {
   return lost_;
 }
 
-Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
-  const bool prefetched = prefetched_ && prefetched_generation_ == ctx.generation;
-  prefetched_ = false;
+Status CudaBackend::LaunchStep(const StepContext& ctx, StepOutput* out, Lane* lane,
+                               bool prefetched) {
+  lane->enqueued = false;
   GCMOE_RETURN_IF_ERROR(SelectDevice());
   GCMOE_RETURN_IF_ERROR(CheckStep(ctx));
   const ModelSpec& m = options_.model;
@@ -465,8 +528,7 @@ Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
   const size_t out_bytes = ctx.output_fp32 ? 4 : 2;
   uint8_t* const output = out->Prepare(static_cast<size_t>(T) * H * out_bytes);
   const size_t output_bytes = static_cast<size_t>(T) * H * out_bytes;
-  out->assignments_computed = 0;
-  out->h2d_ns = out->device_ns = out->d2h_ns = 0;
+  lane->rows = 0;
   // With peers, a rank without tokens still computes theirs and meets them at the barriers.
   if (T == 0 && options_.world_size == 1) return Status::Ok();
 
@@ -474,12 +536,14 @@ Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
   const int bm = ChooseBlockRows(RowsComputedBy(*ctx.plan, options_.rank));
   BuildGpuStepTables(*ctx.plan, options_.rank, slot_of_, bm, MaxTailRows(bm), &tables_,
                      options_.cuda.heaviest_first);
-  const int64_t rows = tables_.rows;
   const std::vector<kernels::RingBlock>& blocks = tables_.blocks;
   const std::vector<kernels::ExpertRoute>& routes = tables_.routes;
   last_bm_ = bm;
+  lane->bm = bm;
+  lane->rows = tables_.rows;
 
-  kernels::StepHeader header{};
+  kernels::StepHeader& header = lane->header;
+  header = kernels::StepHeader{};
   if (alltoall_) {
     SetAllToAllBytes();
     header.a2a_send_rows = static_cast<int32_t>(tables_.sent());
@@ -501,41 +565,46 @@ Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
   header.b2 = lw.b2;
   header.direct_rows =
       options_.cuda.direct_rows && !alltoall_ && options_.world_size == 1 &&
-      rows >= graph_->role1_grid() && static_cast<int>(blocks.size()) <= graph_->ring_blocks(bm) &&
+      tables_.rows >= graph_->role1_grid() &&
+      static_cast<int>(blocks.size()) <= graph_->ring_blocks(bm) &&
       BuildDirectRows(*ctx.plan, tables_,
                       std::span<const int32_t>(ctx.topk_ids, static_cast<size_t>(T) * k), bm,
                       &direct_rows_host_);
 
   // The header, the tables and the top-k ids and weights go to pinned staging laid out as the
   // device's step inputs, and up from there in one copy (one copy per buffer cost about 3 us
-  // each); the activations go up from where they are (the rank's pinned I/O region).
+  // each); the activations go up from where they are (the rank's pinned I/O region). The
+  // lane's staging is not the one the step before may still be copying from.
   const kernels::StepInputsLayout& layout = graph_->step_inputs_layout();
-  std::memcpy(staging_ + layout.header, &header, sizeof(header));
-  std::memcpy(staging_ + layout.routes, routes.data(),
-              routes.size() * sizeof(kernels::ExpertRoute));
+  uint8_t* const staging = lane->staging;
+  std::memcpy(staging + layout.header, &header, sizeof(header));
+  std::memcpy(staging + layout.routes, routes.data(), routes.size() * sizeof(kernels::ExpertRoute));
   if (T > 0) {
-    std::memcpy(staging_ + layout.topk_ids, ctx.topk_ids, sizeof(int32_t) * T * k);
-    std::memcpy(staging_ + layout.topk_weights, ctx.topk_weights, sizeof(float) * T * k);
+    std::memcpy(staging + layout.topk_ids, ctx.topk_ids, sizeof(int32_t) * T * k);
+    std::memcpy(staging + layout.topk_weights, ctx.topk_weights, sizeof(float) * T * k);
   }
   if (header.direct_rows) {
-    std::memcpy(staging_ + layout.direct_rows, direct_rows_host_.data(),
+    std::memcpy(staging + layout.direct_rows, direct_rows_host_.data(),
                 sizeof(int32_t) * direct_rows_host_.size());
   }
-  std::memcpy(staging_ + layout.blocks, blocks.data(), blocks.size() * sizeof(kernels::RingBlock));
+  std::memcpy(staging + layout.blocks, blocks.data(), blocks.size() * sizeof(kernels::RingBlock));
 
+  // Everything goes on the graph's stream, behind the step before, whose layer reads the same
+  // device inputs: the stream orders this step's uploads after it.
   cudaStream_t s = graph_->stream();
-  cudaError_t err = prefetched ? cudaSuccess : cudaEventRecord(stage_events_[0], s);
+  lane->enqueued = true;
+  cudaError_t err = prefetched ? cudaSuccess : cudaEventRecord(lane->events[0], s);
   if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(graph_->step_inputs(), staging_, layout.BytesWith(blocks.size()),
+    err = cudaMemcpyAsync(graph_->step_inputs(), staging, layout.BytesWith(blocks.size()),
                           cudaMemcpyHostToDevice, s);
   }
-  if (err == cudaSuccess && T > 0 && !prefetched) err = UploadHidden(ctx);
+  if (err == cudaSuccess && T > 0 && !prefetched) err = UploadHidden(ctx, lane);
   if (err == cudaSuccess && trace_role2_) err = graph_->ClearRole2Trace();
-  if (err == cudaSuccess) err = cudaEventRecord(stage_events_[1], s);
+  if (err == cudaSuccess) err = cudaEventRecord(lane->events[1], s);
   Status nccl_status = Status::Ok();
-  if (err == cudaSuccess) err = Launch(bm, &nccl_status);
+  if (err == cudaSuccess) err = LaunchLayer(bm, &nccl_status);
   GCMOE_RETURN_IF_ERROR(nccl_status);
-  if (err == cudaSuccess) err = cudaEventRecord(stage_events_[2], s);
+  if (err == cudaSuccess) err = cudaEventRecord(lane->events[2], s);
   int64_t device_output_rows = 0;
   for (const DeviceRows& r : ctx.device_rows)
     device_output_rows += r.output != nullptr ? r.rows : 0;
@@ -546,31 +615,41 @@ Status CudaBackend::RunStep(const StepContext& ctx, StepOutput* out) {
               : cudaMemcpy2DAsync(output, H * out_bytes, graph_->output(), dims_.hidden * out_bytes,
                                   H * out_bytes, T, cudaMemcpyDeviceToHost, s);
   }
-  if (err == cudaSuccess && !ctx.device_rows.empty()) err = CopyOutputToDevice(ctx);
-  if (err == cudaSuccess) err = cudaEventRecord(stage_events_[3], s);
+  if (err == cudaSuccess && !ctx.device_rows.empty()) err = CopyOutputToDevice(ctx, lane);
+  if (err == cudaSuccess) err = cudaEventRecord(lane->events[3], s);
   if (err != cudaSuccess) return CudaError("launching step " + std::to_string(ctx.generation), err);
-  GCMOE_RETURN_IF_ERROR(Sync("step", ctx.generation));
-  if (const std::string broken = graph_->BrokenCheck(); !broken.empty()) {
-    return Internal("cuda backend: step " + std::to_string(ctx.generation) + ": " + broken);
-  }
-  if (graph_->Aborted(ctx.generation)) {
-    connected_ = connected_ && !alltoall_;
-    return Aborted("step " + std::to_string(ctx.generation) + " aborted");
-  }
-  out->assignments_computed = rows;
-  ReadFaults(ctx, out);
-  int64_t* const stages[3] = {&out->h2d_ns, &out->device_ns, &out->d2h_ns};
-  for (int i = 0; i < 3; ++i) {
-    float ms = 0.0f;
-    if (cudaEventElapsedTime(&ms, stage_events_[i], stage_events_[i + 1]) == cudaSuccess) {
-      *stages[i] = static_cast<int64_t>(static_cast<double>(ms) * 1e6);
-    }
-  }
-  if (trace_role2_) LogRole2Trace(header, ctx.generation);
   return Status::Ok();
 }
 
-cudaError_t CudaBackend::UploadHidden(const StepContext& ctx) {
+Status CudaBackend::FinishStep(Lane* lane, StepOutput* out) {
+  out->assignments_computed = 0;
+  out->h2d_ns = out->device_ns = out->d2h_ns = 0;
+  out->device_faults.clear();
+  if (!lane->enqueued) return Status::Ok();
+  const uint64_t generation = lane->generation;
+  GCMOE_RETURN_IF_ERROR(SelectDevice());
+  GCMOE_RETURN_IF_ERROR(Sync("step", *lane));
+  if (const std::string broken = graph_->BrokenCheck(); !broken.empty()) {
+    return Internal("cuda backend: step " + std::to_string(generation) + ": " + broken);
+  }
+  if (graph_->Aborted(generation)) {
+    connected_ = connected_ && !alltoall_;
+    return Aborted("step " + std::to_string(generation) + " aborted");
+  }
+  out->assignments_computed = lane->rows;
+  ReadFaults(*lane, out);
+  int64_t* const stages[3] = {&out->h2d_ns, &out->device_ns, &out->d2h_ns};
+  for (int i = 0; i < 3; ++i) {
+    float ms = 0.0f;
+    if (cudaEventElapsedTime(&ms, lane->events[i], lane->events[i + 1]) == cudaSuccess) {
+      *stages[i] = static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+    }
+  }
+  if (trace_role2_) LogRole2Trace(lane->header, lane->bm, generation);
+  return Status::Ok();
+}
+
+cudaError_t CudaBackend::UploadHidden(const StepContext& ctx, Lane* lane) {
   const int T = ctx.num_tokens;
   const int H = options_.model.hidden;
   const size_t value_bytes = DTypeBytes(ctx.hidden.dtype);
@@ -601,7 +680,7 @@ cudaError_t CudaBackend::UploadHidden(const StepContext& ctx) {
   }
   if (err == cudaSuccess && !ctx.device_rows.empty()) {
     const size_t n = ctx.device_rows.size();
-    err = cudaMemsetAsync(faults_, 0xff, 2 * n * sizeof(unsigned long long), s);
+    err = cudaMemsetAsync(lane->faults, 0xff, 2 * n * sizeof(unsigned long long), s);
     std::vector<kernels::RowCopy>& copies = row_copies_;
     copies.assign(n, kernels::RowCopy{});
     for (size_t i = 0; i < n; ++i) {
@@ -615,7 +694,7 @@ cudaError_t CudaBackend::UploadHidden(const StepContext& ctx) {
     constexpr float kMaxActivation = 4294967296.0f;  // 2^32
     if (err == cudaSuccess) {
       err = kernels::LaunchCopyRowsChecked(copies, H, ctx.hidden.dtype == DType::kFP32,
-                                           kMaxActivation, faults_, s);
+                                           kMaxActivation, lane->faults, s);
     }
   }
   if (err == cudaSuccess && ctx.hidden.dtype == DType::kFP8E4M3) {
@@ -629,7 +708,7 @@ cudaError_t CudaBackend::UploadHidden(const StepContext& ctx) {
   return err;
 }
 
-cudaError_t CudaBackend::CopyOutputToDevice(const StepContext& ctx) {
+cudaError_t CudaBackend::CopyOutputToDevice(const StepContext& ctx, Lane* lane) {
   const size_t n = ctx.device_rows.size();
   const size_t out_bytes = ctx.output_fp32 ? 4 : 2;
   const int64_t row_bytes = static_cast<int64_t>(options_.model.hidden * out_bytes);
@@ -645,15 +724,15 @@ cudaError_t CudaBackend::CopyOutputToDevice(const StepContext& ctx) {
   cudaStream_t s = graph_->stream();
   cudaError_t err =
       kernels::LaunchCopyRowsChecked(copies, options_.model.hidden, ctx.output_fp32,
-                                     std::numeric_limits<float>::max(), faults_ + n, s);
+                                     std::numeric_limits<float>::max(), lane->faults + n, s);
   if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(faults_host_, faults_, 2 * n * sizeof(unsigned long long),
+    err = cudaMemcpyAsync(lane->faults_host, lane->faults, 2 * n * sizeof(unsigned long long),
                           cudaMemcpyDeviceToHost, s);
   }
   return err;
 }
 
-void CudaBackend::ReadFaults(const StepContext& ctx, StepOutput* out) {
+void CudaBackend::ReadFaults(const Lane& lane, StepOutput* out) {
   // The value at a found index, for the message: one small copy, on failures only.
   auto value_at = [](const void* data, bool fp32, unsigned long long index) {
     float value = 0.0f;
@@ -667,18 +746,20 @@ void CudaBackend::ReadFaults(const StepContext& ctx, StepOutput* out) {
     }
     return value;
   };
+  const StepContext& ctx = lane.ctx;
+  const unsigned long long* const faults = lane.faults_host;
   const size_t n = ctx.device_rows.size();
   out->device_faults.assign(n, DeviceFaults{});
   for (size_t i = 0; i < n; ++i) {
     const DeviceRows& r = ctx.device_rows[i];
     DeviceFaults& f = out->device_faults[i];
-    if (r.hidden != nullptr && faults_host_[i] != ~0ull) {
-      f.hidden.index = static_cast<int64_t>(faults_host_[i]);
-      f.hidden.value = value_at(r.hidden, ctx.hidden.dtype == DType::kFP32, faults_host_[i]);
+    if (r.hidden != nullptr && faults[i] != ~0ull) {
+      f.hidden.index = static_cast<int64_t>(faults[i]);
+      f.hidden.value = value_at(r.hidden, ctx.hidden.dtype == DType::kFP32, faults[i]);
     }
-    if (r.output != nullptr && faults_host_[n + i] != ~0ull) {
-      f.output.index = static_cast<int64_t>(faults_host_[n + i]);
-      f.output.value = value_at(r.output, ctx.output_fp32, faults_host_[n + i]);
+    if (r.output != nullptr && faults[n + i] != ~0ull) {
+      f.output.index = static_cast<int64_t>(faults[n + i]);
+      f.output.value = value_at(r.output, ctx.output_fp32, faults[n + i]);
     }
   }
 }
@@ -720,16 +801,16 @@ bool CudaBackend::QueryDeviceMemory(DeviceMemory* memory) const {
   return true;
 }
 
-void CudaBackend::LogRole2Trace(const kernels::StepHeader& header, uint64_t generation) const {
+void CudaBackend::LogRole2Trace(const kernels::StepHeader& header, int bm,
+                                uint64_t generation) const {
   std::vector<kernels::TaskTrace> trace;
-  if (const cudaError_t err = graph_->ReadRole2Trace(header, last_bm_, &trace);
-      err != cudaSuccess) {
+  if (const cudaError_t err = graph_->ReadRole2Trace(header, bm, &trace); err != cudaSuccess) {
     spdlog::warn("rank {}: step {}: reading the role2 trace: {}", options_.rank, generation,
                  cudaGetErrorString(err));
     return;
   }
   spdlog::info("rank {}: step {}, {} tokens, {} blocks of {} rows: {}", options_.rank, generation,
-               header.num_tokens, header.num_blocks, last_bm_, kernels::SummarizeRole2Trace(trace));
+               header.num_tokens, header.num_blocks, bm, kernels::SummarizeRole2Trace(trace));
 }
 
 Result<std::vector<float>> CudaBackend::TimeReplays(int warmup, int replays) {
@@ -743,10 +824,10 @@ Result<std::vector<float>> CudaBackend::TimeReplays(int warmup, int replays) {
     if (err == cudaSuccess) err = cudaEventCreate(&e);
   }
   Status nccl_status = Status::Ok();
-  for (int i = 0; i < warmup && err == cudaSuccess; ++i) err = Launch(last_bm_, &nccl_status);
+  for (int i = 0; i < warmup && err == cudaSuccess; ++i) err = LaunchLayer(last_bm_, &nccl_status);
   if (err == cudaSuccess) err = cudaEventRecord(events[0], s);
   for (int i = 0; i < replays && err == cudaSuccess; ++i) {
-    err = Launch(last_bm_, &nccl_status);
+    err = LaunchLayer(last_bm_, &nccl_status);
     if (err == cudaSuccess) err = cudaEventRecord(events[i + 1], s);
   }
   std::vector<float> times;

@@ -47,6 +47,12 @@ class CudaBackend final : public Backend {
   Status ConnectPeers(const PeerSetup& setup) override;
   bool needs_nccl() const override { return alltoall_; }
   Status Step(const StepContext& ctx, StepOutput* out) override;
+  // Pipelined with the gcmoe exchange and without engine.cuda.trace_role2 (whose trace buffer
+  // is one per workspace); the NCCL baseline runs each step whole in Launch.
+  bool pipelines() const override { return !alltoall_ && !trace_role2_; }
+  Status Launch(const StepContext& ctx, StepOutput* out) override;
+  bool Done(uint64_t generation) override;
+  Status Finish(uint64_t generation, StepOutput* out) override;
   void PrefetchInputs(const StepContext& ctx) override;
   Status RegisterHostMemory(void* data, size_t bytes) override;
   void UnregisterHostMemory(void* data) override;
@@ -98,34 +104,66 @@ class CudaBackend final : public Backend {
     int shared_intermediate = 0;
   };
 
+  // A launched step's own state, so that the next step can be launched before it finishes: two
+  // of these alternate. The device workspace itself is one: the next step's uploads are
+  // enqueued behind this step's work on the same stream, so they wait for it there.
+  struct Lane {
+    bool busy = false;        // launched and not finished
+    bool enqueued = false;    // work went to the device (a lone rank without tokens sends none)
+    bool prefetched = false;  // PrefetchInputs enqueued this generation's activations
+    uint64_t generation = 0;
+    StepContext ctx;   // as launched, without the plan (the engine's, reused by the next step)
+    int64_t rows = 0;  // routed assignments computed (StepOutput::assignments_computed)
+    kernels::StepHeader header{};  // for the role2 trace
+    int bm = 0;
+    // Timing of the step's stages: before the uploads, after them, after the layer, after the
+    // output's copy back (StepOutput's h2d_ns, device_ns, d2h_ns); the last marks its end.
+    // With PrefetchInputs, the first is recorded before the activations' copy, ahead of the host
+    // work that plans the step.
+    cudaEvent_t events[4] = {};
+    // Pinned host mirror of the graph's step inputs (kernels::StepInputsLayout), uploaded from
+    // here in one copy: a copy from pageable memory goes through the driver's own bounce buffer.
+    uint8_t* staging = nullptr;
+    // The first bad index of each DeviceRows range's activations [i] and output [n + i]
+    // (kernels/value_check.h): on the device, and its pinned copy read after the step's end.
+    unsigned long long* faults = nullptr;
+    unsigned long long* faults_host = nullptr;
+  };
+
   CudaBackend(const BackendOptions& options, std::unique_ptr<kernels::LayerGraph> graph);
   Status CheckStep(const StepContext& ctx) const;
-  // Step's work, under step_mutex_.
-  Status RunStep(const StepContext& ctx, StepOutput* out);
+  // Launch's and Finish's work, under step_mutex_.
+  Status LaunchStep(const StepContext& ctx, StepOutput* out, Lane* lane, bool prefetched);
+  Status FinishStep(Lane* lane, StepOutput* out);
+  // After a failed launch or finish: whether the context is broken for good (device_lost()).
+  void NoteSticky();
+  // The busy lane of `generation`, or null.
+  Lane* LaneOf(uint64_t generation);
   // StepContext::device_rows: disjoint, in order, within the shard, and what they hold allowed.
   Status CheckDeviceRows(const StepContext& ctx) const;
   // Enqueues the copy of the step's activations (and FP8 scales) into the graph's input, rows of
   // the padded H (dims_) with zero padding columns: the host's, then those in GPU memory, whose
   // value checks go to faults_[0, n) (n = device_rows.size()).
-  cudaError_t UploadHidden(const StepContext& ctx);
+  cudaError_t UploadHidden(const StepContext& ctx, Lane* lane);
   // Enqueues the copy of the output rows that go to GPU memory, checked into faults_[n, 2n),
   // and of faults_ to faults_host_.
-  cudaError_t CopyOutputToDevice(const StepContext& ctx);
-  // After the step's sync: StepOutput::device_faults from faults_host_.
-  void ReadFaults(const StepContext& ctx, StepOutput* out);
+  cudaError_t CopyOutputToDevice(const StepContext& ctx, Lane* lane);
+  // After the step's end: StepOutput::device_faults from the lane's faults_host.
+  void ReadFaults(const Lane& lane, StepOutput* out);
   // With engine.cuda.trace_role2: role2's task timeline of the step just run, as one log entry.
-  void LogRole2Trace(const kernels::StepHeader& header, uint64_t generation) const;
+  void LogRole2Trace(const kernels::StepHeader& header, int bm, uint64_t generation) const;
   // The all-to-all baseline's NCCL rounds in bytes, from tables_.
   void SetAllToAllBytes();
   // One replay: the graph, or the baseline's stages and NCCL rounds.
-  cudaError_t Launch(int bm, Status* nccl_status);
+  cudaError_t LaunchLayer(int bm, Status* nccl_status);
   Status SelectDevice() const;
-  Status Sync(const char* what, uint64_t generation);
+  // Waits for a lane's step: its end event, or with the NCCL baseline the stream, polled.
+  Status Sync(const char* what, const Lane& lane);
   void FreeWeights();
 
   BackendOptions options_;
   std::unique_ptr<kernels::LayerGraph> graph_;
-  std::mutex step_mutex_;  // one step at a time: the workspace is single-instance
+  std::mutex step_mutex_;  // one Launch or Finish at a time
   mutable std::mutex lost_mutex_;
   std::string lost_;  // device_lost(), under lost_mutex_
   std::vector<LayerWeights> layers_;
@@ -152,22 +190,9 @@ class CudaBackend final : public Backend {
   std::vector<kernels::RowCopy> row_copies_;  // the DeviceRows ranges' copies in or out
   AllToAllLayout records_;                 // the baseline's dispatch round
   AllToAllLayout partials_;                // and its return round
-  // Timing of a step's stages: before the uploads, after them, after the layer, after the
-  // output's copy back (StepOutput's h2d_ns, device_ns, d2h_ns).
-  // With PrefetchInputs, the first is recorded before the activations' copy, ahead of the host
-  // work that plans the step.
-  cudaEvent_t stage_events_[4] = {};
-  // PrefetchInputs has enqueued this generation's activations (cleared by the next Step).
-  bool prefetched_ = false;
-  // The first bad index of each DeviceRows range's activations [i] and output [n + i]
-  // (kernels/value_check.h): on the device, and its pinned copy read after the step's sync.
-  unsigned long long* faults_ = nullptr;
-  unsigned long long* faults_host_ = nullptr;
-  uint64_t prefetched_generation_ = 0;
+  Lane lanes_[2];
+  int next_lane_ = 0;              // the lane the next launch takes
   std::vector<void*> registered_;  // RegisterHostMemory's pinned ranges
-  // Pinned host mirror of the graph's step inputs (kernels::StepInputsLayout), uploaded from
-  // here in one copy: a copy from pageable memory goes through the driver's own bounce buffer.
-  uint8_t* staging_ = nullptr;
 };
 
 }  // namespace gcmoe::engine

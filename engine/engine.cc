@@ -79,6 +79,11 @@ Status Engine::SetPlacement(const balancer::Placement& placement) {
 Status Engine::Connect(const PeerSetup& setup) { return backend_->ConnectPeers(setup); }
 
 Status Engine::Step(const StepRequest& request, StepOutput* output, StepStats* stats) {
+  GCMOE_RETURN_IF_ERROR(Launch(request, output, stats));
+  return Finish(request.generation, output, stats);
+}
+
+Status Engine::Launch(const StepRequest& request, StepOutput* output, StepStats* stats) {
   const auto start = std::chrono::steady_clock::now();
   const int world = options_.backend.world_size;
   const int experts = options_.backend.model.num_experts;
@@ -119,15 +124,29 @@ Status Engine::Step(const StepRequest& request, StepOutput* output, StepStats* s
                            std::to_string(output->destination.size()));
   }
   ctx.plan = &plan_;
-  GCMOE_RETURN_IF_ERROR(backend_->Step(ctx, output));
+  GCMOE_RETURN_IF_ERROR(backend_->Launch(ctx, output));
+  launched_.emplace_back(request.generation, start);
   stats->load_before = split_.load_before;
   stats->load_after = plan_.load;
   stats->passes = split_.passes;
   stats->solve_ns = split_.solve_ns;
+  return Status::Ok();
+}
+
+Status Engine::Finish(uint64_t generation, StepOutput* output, StepStats* stats) {
+  if (launched_.empty() || launched_.front().first != generation) {
+    return FailedPrecondition("engine: step " + std::to_string(generation) +
+                              " is not the oldest step launched");
+  }
+  // Time spent behind the step before is that step's, not this one's.
+  const auto start = std::max(launched_.front().second, finished_);
+  launched_.pop_front();
+  const Status status = backend_->Finish(generation, output);
+  finished_ = std::chrono::steady_clock::now();
+  GCMOE_RETURN_IF_ERROR(status);
   stats->assignments_computed = output->assignments_computed;
   stats->engine_ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
-          .count();
+      std::chrono::duration_cast<std::chrono::nanoseconds>(finished_ - start).count();
   stats->h2d_ns = output->h2d_ns;
   stats->device_ns = output->device_ns;
   stats->d2h_ns = output->d2h_ns;

@@ -3,7 +3,9 @@
 // (identically on every rank) and runs the backend.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -41,7 +43,9 @@ struct StepStats {
   std::vector<int64_t> load_after;   // [P]
   int passes = 0;
   int64_t solve_ns = 0;
-  int64_t engine_ns = 0;  // this rank's whole step, solve included
+  // This rank's whole step, solve included: from Launch, or from the previous step's Finish when
+  // this one was launched before it, to Finish.
+  int64_t engine_ns = 0;
   int64_t assignments_computed = 0;
   // engine_ns's parts: the host work (split, plan, step tables) and the backend's stages. The
   // CUDA backend's h2d runs from the activations' upload, which overlaps the host work, to the
@@ -75,6 +79,17 @@ class Engine {
 
   Status Step(const StepRequest& request, StepOutput* output, StepStats* stats);
 
+  // The same step in two halves (Backend::Launch, Backend::Finish): Launch does the host work
+  // and enqueues the device's, Finish waits for it and completes `output` and `stats`. With
+  // pipelines(), the next step may be launched before this one finishes, so that its host work
+  // runs while this one is on the device; at most two are unfinished, finished in launch order,
+  // with `output`, `stats` and what `request` points to kept until then. Done(generation): Finish
+  // would not wait.
+  bool pipelines() const { return backend_->pipelines(); }
+  Status Launch(const StepRequest& request, StepOutput* output, StepStats* stats);
+  bool Done(uint64_t generation) { return backend_->Done(generation); }
+  Status Finish(uint64_t generation, StepOutput* output, StepStats* stats);
+
   // Host memory that steps read from and write to (StepOutput::destination); see Backend.
   Status RegisterHostMemory(void* data, size_t bytes) {
     return backend_->RegisterHostMemory(data, bytes);
@@ -107,6 +122,9 @@ class Engine {
   std::unique_ptr<WeightSource> weights_;
   std::unique_ptr<Backend> backend_;
   std::vector<int> held_experts_;
+  // When each unfinished step was launched, oldest first, and when the last one finished.
+  std::deque<std::pair<uint64_t, std::chrono::steady_clock::time_point>> launched_;
+  std::chrono::steady_clock::time_point finished_{};
   // Reused per step.
   std::vector<int64_t> expert_totals_;
   balancer::Split split_;

@@ -273,6 +273,13 @@ bool RankProcess::Session(int* exit_code, bool* ever_attached) {
 
 void RankProcess::WorkerLoop(Stream* stream) {
   for (;;) {
+    // A step in flight is answered once the device is done with it, unless the next step comes
+    // first: that one is launched behind it, so that its host work overlaps this one's device
+    // work.
+    if (!in_flight_.empty() && !NextStepFirst()) {
+      FinishStep(stream);
+      continue;
+    }
     Received received;
     {
       // The next step usually comes within the spin (at once when the coordinator sent it while
@@ -280,13 +287,19 @@ void RankProcess::WorkerLoop(Stream* stream) {
       SpinUntil([this] { return queued_.load(std::memory_order_acquire) || stop_.load(); }, spin_);
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return session_over_ || stop_.load() || !queue_.empty(); });
-      if (session_over_ || stop_.load()) return;
+      if (session_over_ || stop_.load()) {
+        lock.unlock();
+        // Their device work reads and writes memory this session holds: wait for it.
+        while (!in_flight_.empty()) FinishStep(stream);
+        return;
+      }
       received = std::move(queue_.front());
       queue_.pop_front();
       queued_.store(!queue_.empty(), std::memory_order_release);
       if (received.message.has_step()) running_generation_ = received.message.step().generation();
     }
     const internal::CoordinatorMessage& message = received.message;
+    // Only a step comes in while another is in flight (NextStepFirst).
     if (message.has_setup()) {
       HandleSetup(message.setup(), stream);
     } else if (message.has_open_region()) {
@@ -303,11 +316,24 @@ void RankProcess::WorkerLoop(Stream* stream) {
       // A step still using it holds its own reference.
       device_regions_.erase(message.close_region().id());
     } else if (message.has_step()) {
-      HandleStep(received, stream);
-      std::lock_guard<std::mutex> lock(mu_);
-      running_generation_ = 0;
+      StepInFlight* step =
+          in_flight_.empty() || in_flight_.front() != &steps_[0] ? &steps_[0] : &steps_[1];
+      LaunchStep(std::move(received), step);
+      if (!engine_->pipelines()) FinishStep(stream);
     }
   }
+}
+
+bool RankProcess::NextStepFirst() {
+  if (in_flight_.size() >= 2 || !engine_->pipelines()) return false;
+  const StepInFlight& oldest = *in_flight_.front();
+  const uint64_t generation = oldest.received.message.step().generation();
+  while (oldest.launched && !engine_->Done(generation) &&
+         !queued_.load(std::memory_order_acquire) && !stop_.load()) {
+    std::this_thread::yield();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return !session_over_ && !stop_.load() && !queue_.empty() && queue_.front().message.has_step();
 }
 
 bool RankProcess::SampleGpuMemory(bool force, gcmoe::v1::GpuMemory* memory) {
@@ -473,12 +499,17 @@ std::string RankProcess::MapIo(const internal::Setup& setup) {
   return "";
 }
 
-void RankProcess::HandleStep(const Received& received, Stream* stream) {
-  const internal::Step& step = received.message.step();
-  const int64_t received_ns = received.received_ns;
-  const std::vector<int> tokens_per_rank(step.tokens_per_rank().begin(),
-                                         step.tokens_per_rank().end());
-  engine::StepRequest request;
+void RankProcess::LaunchStep(Received received, StepInFlight* in_flight) {
+  in_flight->received = std::move(received);
+  in_flight->launched = false;
+  in_flight->held.clear();
+  in_flight->device_rows.clear();
+  in_flight_.push_back(in_flight);
+  const internal::Step& step = in_flight->received.message.step();
+  in_flight->tokens_per_rank.assign(step.tokens_per_rank().begin(), step.tokens_per_rank().end());
+  const std::vector<int>& tokens_per_rank = in_flight->tokens_per_rank;
+  engine::StepRequest& request = in_flight->request;
+  request = engine::StepRequest{};
   request.generation = step.generation();
   request.layer = static_cast<int>(step.layer());
   request.tokens_per_rank = tokens_per_rank;
@@ -487,7 +518,8 @@ void RankProcess::HandleStep(const Received& received, Stream* stream) {
   request.output_fp32 = step.output_dtype() == gcmoe::v1::FP32;
   request.relief_passes = static_cast<int>(step.relief_passes());
   Status status = Status::Ok();
-  output_.destination = {};
+  engine::StepOutput& output = in_flight->output;
+  output.destination = {};
   if (step.io()) {
     // The shard is in the I/O region's slot, and the output goes there.
     const int slot = static_cast<int>(step.io_slot());
@@ -503,7 +535,7 @@ void RankProcess::HandleStep(const Received& received, Stream* stream) {
       request.hidden.scales = io_->scales(slot);
       request.topk_ids = reinterpret_cast<const int32_t*>(io_->ids(slot));
       request.topk_weights = reinterpret_cast<const float*>(io_->weights(slot));
-      output_.destination = std::span<uint8_t>(io_->output(slot), io_->layout().output_bytes);
+      output.destination = std::span<uint8_t>(io_->output(slot), io_->layout().output_bytes);
     }
   } else {
     request.hidden.data = step.hidden().data().data();
@@ -513,8 +545,7 @@ void RankProcess::HandleStep(const Received& received, Stream* stream) {
   }
   // Calls' activations or outputs in a client's GPU memory (the coordinator checked the spans
   // against the registrations; the rank against what it opened).
-  std::vector<std::shared_ptr<engine::ImportedMemory>> held;  // open until the step is over
-  std::vector<engine::DeviceRows> device_rows;
+  std::vector<engine::DeviceRows>& device_rows = in_flight->device_rows;
   const int64_t H = options_.config.model.hidden;
   const int64_t shard_rows = ShardRows(step, options_.rank);
   const size_t in_row_bytes = static_cast<size_t>(H) * engine::DTypeBytes(request.hidden.dtype);
@@ -536,7 +567,7 @@ void RankProcess::HandleStep(const Received& received, Stream* stream) {
                           " bytes for " + std::to_string(d.rows()) + " rows");
       }
       if (!status.ok()) break;
-      held.push_back(resolved->first);
+      in_flight->held.push_back(resolved->first);
       if (span == &d.hidden()) {
         rows.hidden = resolved->second;
         device_hidden_rows += rows.rows;
@@ -556,7 +587,25 @@ void RankProcess::HandleStep(const Received& received, Stream* stream) {
                       std::to_string(step.placement_version()) + ", this rank holds version " +
                       std::to_string(placement_version_));
   }
-  if (status.ok()) status = engine_->Step(request, &output_, &stats_);
+  if (status.ok()) status = engine_->Launch(request, &output, &in_flight->stats);
+  in_flight->launched = status.ok();
+  in_flight->status = status;
+}
+
+void RankProcess::FinishStep(Stream* stream) {
+  StepInFlight& in_flight = *in_flight_.front();
+  const Received& received = in_flight.received;
+  const internal::Step& step = received.message.step();
+  Status status = in_flight.status;
+  if (in_flight.launched) {
+    status = engine_->Finish(step.generation(), &in_flight.output, &in_flight.stats);
+    in_flight.launched = false;
+  }
+  in_flight.held.clear();  // the device is done with the clients' memory
+  const engine::StepOutput& output = in_flight.output;
+  const engine::StepStats& stats = in_flight.stats;
+  const bool output_fp32 = in_flight.request.output_fp32;
+  const int64_t H = options_.config.model.hidden;
   internal::RankMessage reply;
   internal::StepResult* result = reply.mutable_step_result();
   result->set_generation(step.generation());
@@ -567,27 +616,27 @@ void RankProcess::HandleStep(const Received& received, Stream* stream) {
                  status.ToString());
   } else {
     gcmoe::v1::Tensor* out = result->mutable_output();
-    out->set_dtype(request.output_fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
-    out->add_shape(tokens_per_rank[options_.rank]);
-    out->add_shape(options_.config.model.hidden);
-    if (!step.io() && !AllOutputOnDevice(step, shard_rows)) {
-      out->set_data(output_.output.data(), output_.output.size());
+    out->set_dtype(output_fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
+    out->add_shape(in_flight.tokens_per_rank[options_.rank]);
+    out->add_shape(H);
+    if (!step.io() && !AllOutputOnDevice(step, ShardRows(step, options_.rank))) {
+      out->set_data(output.output.data(), output.output.size());
     }
-    AddValueErrors(step, H, output_.device_faults, result);
-    result->mutable_load_before()->Assign(stats_.load_before.begin(), stats_.load_before.end());
-    result->mutable_load_after()->Assign(stats_.load_after.begin(), stats_.load_after.end());
-    result->set_relief_passes(stats_.passes);
-    result->set_relief_solve_ns(stats_.solve_ns);
-    result->set_engine_ns(stats_.engine_ns);
-    result->set_assignments_computed(stats_.assignments_computed);
-    result->set_host_ns(stats_.host_ns);
-    result->set_h2d_ns(stats_.h2d_ns);
-    result->set_device_ns(stats_.device_ns);
-    result->set_d2h_ns(stats_.d2h_ns);
+    AddValueErrors(step, H, output.device_faults, result);
+    result->mutable_load_before()->Assign(stats.load_before.begin(), stats.load_before.end());
+    result->mutable_load_after()->Assign(stats.load_after.begin(), stats.load_after.end());
+    result->set_relief_passes(stats.passes);
+    result->set_relief_solve_ns(stats.solve_ns);
+    result->set_engine_ns(stats.engine_ns);
+    result->set_assignments_computed(stats.assignments_computed);
+    result->set_host_ns(stats.host_ns);
+    result->set_h2d_ns(stats.h2d_ns);
+    result->set_device_ns(stats.device_ns);
+    result->set_d2h_ns(stats.d2h_ns);
   }
   gcmoe::v1::GpuMemory memory;
   if (SampleGpuMemory(/*force=*/false, &memory)) *result->mutable_gpu_memory() = memory;
-  result->set_received_ns(received_ns);
+  result->set_received_ns(received.received_ns);
   result->set_replied_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now().time_since_epoch())
                              .count());
@@ -595,6 +644,11 @@ void RankProcess::HandleStep(const Received& received, Stream* stream) {
   if (!(received.doorbell && io_ &&
         io_->Post(RankIo::kToCoordinator, result->SerializeAsString()))) {
     stream->Write(reply);
+  }
+  in_flight_.pop_front();
+  if (in_flight_.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_generation_ = 0;
   }
   if (!status.ok()) {
     if (const std::string lost = engine_->device_lost(); !lost.empty()) {

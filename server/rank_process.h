@@ -59,11 +59,33 @@ class RankProcess {
     bool doorbell = false;  // came through the I/O region: the result goes back that way
   };
 
+  // A step the worker launched on the engine and has not answered yet, with what the engine
+  // reads and writes until it finishes (Engine::Launch): two alternate, so that the next step
+  // can be launched while this one is on the device.
+  struct StepInFlight {
+    Received received;
+    Status status;          // the launch's; not OK: nothing to finish, the reply says why
+    bool launched = false;  // the engine holds it until Finish
+    std::vector<int> tokens_per_rank;
+    engine::StepRequest request;
+    // Calls' activations or outputs in a client's GPU memory, open until the step is over.
+    std::vector<std::shared_ptr<engine::ImportedMemory>> held;
+    std::vector<engine::DeviceRows> device_rows;
+    engine::StepOutput output;  // storage reused
+    engine::StepStats stats;
+  };
+
   // One attached session; returns true to reconnect, false to exit with *exit_code.
   bool Session(int* exit_code, bool* ever_attached);
   void WorkerLoop(Stream* stream);
   void HandleSetup(const gcmoe::internal::v1::Setup& setup, Stream* stream);
-  void HandleStep(const Received& received, Stream* stream);
+  // Builds the step's request from its message and launches it on the engine (worker only).
+  void LaunchStep(Received received, StepInFlight* step);
+  // Finishes the oldest step in flight and answers it (worker only).
+  void FinishStep(Stream* stream);
+  // With a step in flight: waits until the device is done with it or the next message comes,
+  // and says whether that message is a step to launch behind it first.
+  bool NextStepFirst();
   // Opens a client's GPU memory (RegisterMemory's cuda_ipc) for later steps. Worker only.
   Status OpenRegion(const gcmoe::internal::v1::DeviceRegion& region);
   // The opened region `span` names, checked against its bytes ("<field>" in errors), and where
@@ -86,11 +108,11 @@ class RankProcess {
   std::atomic<bool> doorbell_stop_{false};
   const AttachSecret secret_;
   std::unique_ptr<engine::Engine> engine_;
-  engine::StepOutput output_;
+  StepInFlight steps_[2];
+  std::deque<StepInFlight*> in_flight_;  // launched and not answered, oldest first (worker only)
   // Clients' GPU memory opened for this session, by DeviceRegion id (worker only; released
   // before the engine goes).
   std::map<uint64_t, std::shared_ptr<engine::ImportedMemory>> device_regions_;
-  engine::StepStats stats_;
   std::chrono::steady_clock::time_point memory_sampled_;  // worker only
   uint64_t placement_version_ = 0;  // of the placement installed by the last Setup (worker only)
   int failed_connects_ = 0;         // consecutive sessions that could not connect (Run only)
@@ -101,7 +123,7 @@ class RankProcess {
   std::chrono::microseconds spin_{0};  // from server.spin_wait (HotPathSpinBudget)
   std::atomic<bool> queued_{false};  // queue_ is not empty (set and cleared under mu_)
   bool session_over_ = false;
-  uint64_t running_generation_ = 0;  // the step the worker is in (0: none)
+  uint64_t running_generation_ = 0;  // the newest step in flight (0: none)
   std::atomic<bool> stop_{false};
   std::atomic<int> fatal_exit_code_{0};  // set with stop_ when the rank must not go on
   grpc::ClientContext* context_ = nullptr;  // the live session's, guarded by mu_

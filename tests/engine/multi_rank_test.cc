@@ -186,5 +186,61 @@ TEST(MultiRankFailureTest, ShardOverCapacityIsRefused) {
   EXPECT_EQ(out.status().code(), StatusCode::kResourceExhausted) << out.status().ToString();
 }
 
+// Engine::Launch and Finish, the halves a rank pipelines steps with: the bytes of Step, steps
+// finished in launch order only, and no Finish without a Launch.
+TEST(EngineHalvesTest, LaunchAndFinishGiveStepsBytesInLaunchOrder) {
+  WorldOptions options;
+  options.capacity = 64;
+  auto world = RankWorld::Create(TinyCpu(), options);
+  ASSERT_TRUE(world.ok()) << world.status().ToString();
+  Engine& engine = (*world)->engine(0);
+  const ModelSpec spec = TinyCpu();
+  const int E = spec.num_experts;
+  GlobalRequest requests[2] = {MakeRequest(spec, 21, Routing::kRandom, 4),
+                               MakeRequest(spec, 33, Routing::kUnusedSlots, 5)};
+  std::vector<uint8_t> alone[2];
+  for (int i = 0; i < 2; ++i) {
+    auto out = (*world)->Forward(requests[i]);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    alone[i] = std::move(out).value();
+  }
+  std::vector<int> tokens[2];
+  std::vector<int64_t> counts[2];
+  StepRequest steps[2];
+  uint64_t generation = (*world)->next_generation() + 10;
+  for (int i = 0; i < 2; ++i) {
+    const GlobalRequest& r = requests[i];
+    tokens[i] = {r.num_tokens};
+    counts[i].assign(E, 0);
+    for (int32_t e : r.ids) {
+      if (e >= 0) ++counts[i][e];
+    }
+    steps[i].generation = ++generation;
+    steps[i].tokens_per_rank = tokens[i];
+    steps[i].counts = counts[i];
+    steps[i].hidden.dtype = DType::kFP32;
+    steps[i].hidden.data = r.hidden.data();
+    steps[i].topk_ids = r.ids.data();
+    steps[i].topk_weights = r.weights.data();
+    steps[i].output_fp32 = r.output_fp32;
+  }
+  StepOutput out[2];
+  StepStats stats[2];
+  EXPECT_EQ(engine.Finish(steps[0].generation, &out[0], &stats[0]).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(engine.Launch(steps[0], &out[0], &stats[0]).ok());
+  ASSERT_TRUE(engine.Launch(steps[1], &out[1], &stats[1]).ok());
+  EXPECT_EQ(engine.Finish(steps[1].generation, &out[1], &stats[1]).code(),
+            StatusCode::kFailedPrecondition);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(engine.Done(steps[i].generation));  // the cpu backend runs a step in Launch
+    ASSERT_TRUE(engine.Finish(steps[i].generation, &out[i], &stats[i]).ok()) << i;
+    EXPECT_EQ(out[i].output, alone[i]) << i;
+    EXPECT_GT(stats[i].engine_ns, 0) << i;
+    EXPECT_EQ(stats[i].load_after.size(), 1u) << i;
+  }
+  EXPECT_FALSE(engine.pipelines());
+}
+
 }  // namespace
 }  // namespace gcmoe::engine::testing_util

@@ -10,23 +10,9 @@
 namespace gcmoe::kernels_test {
 namespace {
 
-engine::ModelSpec ReplayModel() {
-  engine::ModelSpec spec;
-  spec.hidden = 256;
-  spec.intermediate = 256;
-  spec.num_experts = 16;
-  spec.top_k = 4;
-  spec.num_layers = 1;
-  spec.shared_intermediate = 128;
-  spec.activation_alpha = 1.0f;
-  spec.activation_clamp = 10.0f;
-  spec.weights = "synthetic:1";
-  return spec;
-}
-
 TEST(CudaBackendReplay, ThousandStepsWithChangingInputsMatchCpu) {
   if (!HasGpu()) GTEST_SKIP() << kNoGpu;
-  const engine::ModelSpec spec = ReplayModel();
+  const engine::ModelSpec spec = SmallSharedExpertModel();
   server::RandomCodeWeightSource weights(spec, 41);
   auto pair = BackendPair::Create(spec, 96, weights);
   ASSERT_NE(pair, nullptr);
@@ -64,7 +50,7 @@ TEST(CudaBackendReplay, ThousandStepsWithChangingInputsMatchCpu) {
 
 TEST(CudaBackendReplay, ThousandGraphReplaysLeaveNoState) {
   if (!HasGpu()) GTEST_SKIP() << kNoGpu;
-  const engine::ModelSpec spec = ReplayModel();
+  const engine::ModelSpec spec = SmallSharedExpertModel();
   server::RandomCodeWeightSource weights(spec, 43);
   auto pair = BackendPair::Create(spec, 64, weights, {.ring_blocks = 3});
   ASSERT_NE(pair, nullptr);

@@ -28,6 +28,20 @@ bool HasGpu() {
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
+engine::ModelSpec SmallSharedExpertModel() {
+  engine::ModelSpec spec;
+  spec.hidden = 256;
+  spec.intermediate = 256;
+  spec.num_experts = 16;
+  spec.top_k = 4;
+  spec.num_layers = 1;
+  spec.shared_intermediate = 128;
+  spec.activation_alpha = 1.0f;
+  spec.activation_clamp = 10.0f;
+  spec.weights = "synthetic:1";
+  return spec;
+}
+
 engine::ModelSpec GptOssStyleModel(int hidden, int intermediate, int experts, int top_k,
                                    int shared_intermediate) {
   engine::ModelSpec spec;
@@ -153,8 +167,7 @@ std::unique_ptr<BackendPair> BackendPair::Create(const engine::ModelSpec& spec, 
   return pair;
 }
 
-Status BackendPair::Run(engine::Backend* backend, const StepInputs& in, uint64_t generation,
-                        engine::StepOutput* out) {
+Result<engine::StepContext> BackendPair::Context(const StepInputs& in, uint64_t generation) {
   const int E = spec_.num_experts;
   std::vector<int64_t> counts(E, 0);
   for (int32_t e : in.topk_ids) {
@@ -178,6 +191,12 @@ Status BackendPair::Run(engine::Backend* backend, const StepInputs& in, uint64_t
   ctx.topk_weights = in.topk_weights.data();
   ctx.plan = &plan_;
   ctx.output_fp32 = in.output_fp32;
+  return ctx;
+}
+
+Status BackendPair::Run(engine::Backend* backend, const StepInputs& in, uint64_t generation,
+                        engine::StepOutput* out) {
+  GCMOE_ASSIGN_OR_RETURN(const engine::StepContext ctx, Context(in, generation));
   return backend->Step(ctx, out);
 }
 

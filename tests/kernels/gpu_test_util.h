@@ -42,6 +42,10 @@ enum class Routing {
 engine::ModelSpec GptOssStyleModel(int hidden, int intermediate, int experts, int top_k,
                                    int shared_intermediate);
 
+// H = I = 256, 16 experts, top-4, a shared expert of 128, alpha 1 and clamp 10: small enough
+// for thousands of steps in a test.
+engine::ModelSpec SmallSharedExpertModel();
+
 StepInputs MakeInputs(const engine::ModelSpec& spec, int num_tokens, engine::DType dtype,
                       Routing routing, std::mt19937_64* rng);
 
@@ -61,6 +65,8 @@ class BackendPair {
   // Runs the step on one backend; `generation` must increase from call to call.
   Status Run(engine::Backend* backend, const StepInputs& in, uint64_t generation,
              engine::StepOutput* out);
+  // The step's context, its plan made from `in`'s routing (valid until the next call).
+  Result<engine::StepContext> Context(const StepInputs& in, uint64_t generation);
 
  private:
   engine::ModelSpec spec_;
