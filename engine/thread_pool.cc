@@ -1,5 +1,7 @@
 #include "engine/thread_pool.h"
 
+#include <algorithm>
+
 namespace gcmoe::engine {
 
 ThreadPool::ThreadPool(int threads) {
@@ -11,36 +13,32 @@ ThreadPool::~ThreadPool() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
-  start_cv_.notify_all();
+  work_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
-void ThreadPool::RunTasks(int worker) {
+void ThreadPool::RunTasks(Loop* loop, int worker) {
   for (;;) {
-    int64_t task;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (next_task_ >= num_tasks_) return;
-      task = next_task_++;
-    }
-    (*fn_)(task, worker);
+    const int64_t task = loop->next.fetch_add(1, std::memory_order_relaxed);
+    if (task >= loop->num_tasks) return;
+    (*loop->fn)(task, worker);
   }
 }
 
 void ThreadPool::WorkerLoop(int worker) {
-  uint64_t seen_round = 0;
+  std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || round_ != seen_round; });
-      if (stop_) return;
-      seen_round = round_;
-    }
-    RunTasks(worker);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--active_ == 0) done_cv_.notify_one();
-    }
+    work_cv_.wait(lock, [this] { return stop_ || !loops_.empty(); });
+    if (stop_) return;
+    Loop* loop = loops_.front();
+    ++loop->helpers;
+    lock.unlock();
+    RunTasks(loop, worker);
+    lock.lock();
+    // Every task is handed out: no other worker joins this loop.
+    const auto it = std::find(loops_.begin(), loops_.end(), loop);
+    if (it != loops_.end()) loops_.erase(it);
+    if (--loop->helpers == 0) done_cv_.notify_all();
   }
 }
 
@@ -50,19 +48,25 @@ void ThreadPool::ParallelFor(int64_t num_tasks, const std::function<void(int64_t
     for (int64_t t = 0; t < num_tasks; ++t) fn(t, 0);
     return;
   }
+  Loop loop;
+  loop.fn = &fn;
+  loop.num_tasks = num_tasks;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
-    num_tasks_ = num_tasks;
-    next_task_ = 0;
-    active_ = static_cast<int>(workers_.size());
-    ++round_;
+    loops_.push_back(&loop);
   }
-  start_cv_.notify_all();
-  RunTasks(0);
+  // One worker per task beyond the caller's first.
+  const int64_t wanted = std::min<int64_t>(num_tasks - 1, static_cast<int64_t>(workers_.size()));
+  if (wanted == static_cast<int64_t>(workers_.size())) {
+    work_cv_.notify_all();
+  } else {
+    for (int64_t i = 0; i < wanted; ++i) work_cv_.notify_one();
+  }
+  RunTasks(&loop, 0);
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return active_ == 0; });
-  fn_ = nullptr;
+  const auto it = std::find(loops_.begin(), loops_.end(), &loop);
+  if (it != loops_.end()) loops_.erase(it);
+  done_cv_.wait(lock, [&loop] { return loop.helpers == 0; });
 }
 
 }  // namespace gcmoe::engine

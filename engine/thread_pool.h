@@ -1,8 +1,11 @@
-// A fixed pool of worker threads that runs one parallel loop at a time.
+// A fixed pool of worker threads that runs parallel loops. Several threads may run loops on one
+// pool at once: each loop's tasks go to its caller and to whichever workers are free.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -21,23 +24,26 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls fn(task, worker) for task in [0, num_tasks), worker in [0, size()), and returns when
-  // all calls have returned. Tasks are handed out dynamically; a worker index is never used by
-  // two calls at once, so per-worker scratch needs no lock.
+  // all calls have returned. Tasks are handed out dynamically; within one loop a worker index is
+  // never used by two calls at once, so per-worker scratch of the loop needs no lock. The caller
+  // runs tasks too (as worker 0), so a loop completes even when every worker is busy elsewhere.
   void ParallelFor(int64_t num_tasks, const std::function<void(int64_t, int)>& fn);
 
  private:
+  struct Loop {
+    const std::function<void(int64_t, int)>* fn = nullptr;
+    int64_t num_tasks = 0;
+    std::atomic<int64_t> next{0};
+    int helpers = 0;  // workers inside the loop (guarded by mu_)
+  };
   void WorkerLoop(int worker);
-  void RunTasks(int worker);
+  static void RunTasks(Loop* loop, int worker);
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
-  std::condition_variable start_cv_;
-  std::condition_variable done_cv_;
-  const std::function<void(int64_t, int)>* fn_ = nullptr;
-  int64_t num_tasks_ = 0;
-  int64_t next_task_ = 0;   // guarded by mu_
-  uint64_t round_ = 0;      // increments per ParallelFor; workers wait for a new round
-  int active_ = 0;          // workers still inside the current round
+  std::condition_variable work_cv_;  // a loop was queued, or the pool stops
+  std::condition_variable done_cv_;  // a worker left a loop
+  std::deque<Loop*> loops_;          // loops that may have tasks left to hand out (under mu_)
   bool stop_ = false;
 };
 
