@@ -112,6 +112,7 @@ ordered_json ServerJson(const ServerConfig& s) {
   j["max_batch_calls"] = s.max_batch_calls;
   j["max_steps_in_flight"] = s.max_steps_in_flight;
   j["spin_wait"] = s.spin_wait;
+  j["copy_threads"] = s.copy_threads;
   j["echo"] = s.echo;
   j["allow_registered_memory"] = s.allow_registered_memory;
   j["metrics_listen"] = s.metrics_listen;

@@ -171,6 +171,11 @@ struct ServerConfig {
   // whose ranks leave their cores idle while the GPU works; off with the cpu backend, whose
   // compute needs every core. "on", "off": always, never.
   std::string spin_wait = "auto";
+  // server.copy_threads: threads that share the coordinator's work on a call's bytes once there
+  // are at least 256 KiB of it (the activations' checks, the shards' copies into the ranks'
+  // regions, the outputs' copies back and checks). 0 (default): a quarter of the cores, 1 to 4
+  // (so 1, no helpers, on up to 7 cores); 1: the calling thread alone.
+  int copy_threads = 0;
   // server.echo: serve the Echo method (the transport floor `gcmoe bench serve` measures).
   bool echo = false;
   // server.allow_registered_memory: serve RegisterMemory and Forward tensors that name a

@@ -269,6 +269,8 @@ void ReadServer(ObjectReader r, ServerConfig* s) {
   r.Int("max_steps_in_flight", {.min = 1, .max = 2, .expected = "1 or 2"},
         &s->max_steps_in_flight);
   r.OneOf("spin_wait", {"auto", "on", "off"}, &s->spin_wait);
+  r.Int("copy_threads", {.min = 0, .max = 64, .expected = "an integer in 0..64 (0 = auto)"},
+        &s->copy_threads);
   r.Bool("echo", &s->echo);
   r.Bool("allow_registered_memory", &s->allow_registered_memory);
   r.String(

@@ -50,6 +50,7 @@
 #include "gcmoe/v1/moe.pb.h"
 #include "server/balance_planner.h"
 #include "server/forward_validation.h"
+#include "server/parallel_bytes.h"
 #include "server/rank_io.h"
 #include "server/rank_session.h"
 #include "server/service_stats.h"
@@ -76,6 +77,9 @@ struct CoordinatorOptions {
   int max_batch_calls = 64;                   // server.max_batch_calls
   int max_steps_in_flight = 2;                // server.max_steps_in_flight
   std::chrono::microseconds spin{0};          // from server.spin_wait (HotPathSpinBudget)
+  // Shares the copies of a step's large shards and outputs (server.copy_threads); null: the
+  // leader's thread does them alone.
+  engine::ThreadPool* copy_pool = nullptr;
 };
 
 class Coordinator {
@@ -229,10 +233,14 @@ class Coordinator {
   Status NotServingLocked() const;
   // FAILED_PRECONDITION when the call's GPU memory is no longer open on every rank.
   Status DeviceMemoryOpenLocked(const ValidatedForward& validated) const;
-  // Puts one rank's shard of the step into its Step message or its RankIo slot.
+  // Describes one rank's shard of the step in its Step message and lists the copies that put
+  // its bytes into the message or its RankIo slot.
   static void WriteShard(const std::vector<Call*>& calls, const std::vector<Piece>& pieces,
-                         RankIo* io, int io_slot, gcmoe::internal::v1::Step* step);
-  // Copies each call's rows of the ranks' outputs into its response.
+                         RankIo* io, int io_slot, gcmoe::internal::v1::Step* step,
+                         std::vector<ByteCopy>* copies);
+  // Copies each call's rows of the ranks' outputs into its response (or its output region) and
+  // checks them on the way: a call whose output is not finite gets INVALID_ARGUMENT naming the
+  // element in its Call::status (DESIGN.md §4), the others are unaffected.
   Status AssembleOutputs(const std::vector<Call*>& calls,
                          const std::vector<std::vector<Piece>>& pieces,
                          const std::vector<std::shared_ptr<RankIo>>& ios, int io_slot,

@@ -2,7 +2,9 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <functional>
+#include <thread>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -35,6 +37,11 @@ int64_t MaxMessageBytes(const config::Config& config) {
 int64_t ReceiveQuotaBytes(const config::Config& config, int64_t max_message_bytes) {
   if (config.server.receive_quota_bytes > 0) return config.server.receive_quota_bytes;
   return std::max<int64_t>(2 * max_message_bytes, int64_t{256} << 20);
+}
+
+int CopyThreads(const config::ServerConfig& server) {
+  if (server.copy_threads > 0) return server.copy_threads;
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 4);
 }
 
 Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config::Config& config) {
@@ -80,7 +87,9 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
   failure_options.interval = std::chrono::milliseconds(config.logging.failure_interval_ms);
   failure_options.lines_per_interval = config.logging.failures_per_interval;
   server->failure_log_ = std::make_unique<FailureLog>(failure_options);
+  server->copy_pool_ = std::make_unique<engine::ThreadPool>(CopyThreads(config.server));
   CoordinatorOptions options;
+  options.copy_pool = server->copy_pool_.get();
   options.world_size = config.parallel.ranks;
   options.hidden = config.model.hidden;
   options.experts = config.model.experts;
@@ -102,7 +111,7 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
       std::make_unique<Coordinator>(options, std::move(planner), server->stats_.get());
   server->moe_service_ = std::make_unique<MoeServiceImpl>(
       config, max_bytes, server->coordinator_.get(), server->stats_.get(), server->metrics_.get(),
-      server->auth_.get(), server->failure_log_.get());
+      server->auth_.get(), server->failure_log_.get(), server->copy_pool_.get());
   server->kserve_service_ = std::make_unique<KServeServiceImpl>(
       config, server->moe_service_.get(), server->coordinator_.get(), server->stats_.get());
   Coordinator* coordinator = server->coordinator_.get();
@@ -183,10 +192,11 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
     health->SetServingStatus(serving);
     health->SetServingStatus("gcmoe.v1.MoeService", serving);
   });
-  spdlog::info("coordinator: API on {}, ranks attach on {} ({} rank(s), {} backend, "
-               "max {} tokens per call, max message {} bytes)",
-               server->public_address_, server->rank_address_, config.parallel.ranks,
-               config.engine.backend, config.max_tokens(), max_bytes);
+  spdlog::info(
+      "coordinator: API on {}, ranks attach on {} ({} rank(s), {} backend, "
+      "max {} tokens per call, max message {} bytes, {} copy thread(s))",
+      server->public_address_, server->rank_address_, config.parallel.ranks, config.engine.backend,
+      config.max_tokens(), max_bytes, server->copy_pool_->size());
   spdlog::info("coordinator: API {}{}; rank port {}; metrics {}",
                server->public_tls_ ? "over TLS" : "in plaintext",
                !config.server.tls.client_ca.empty() ? " with client certificates (mTLS)" : "",

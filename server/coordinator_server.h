@@ -30,6 +30,9 @@ int64_t MaxMessageBytes(const config::Config& config);
 // What the public port's transport may hold of requests streaming in (server.receive_quota_bytes,
 // or its default from the message limit).
 int64_t ReceiveQuotaBytes(const config::Config& config, int64_t max_message_bytes);
+// Threads of the coordinator's copy pool, the caller's included: server.copy_threads, or for 0 a
+// quarter of this machine's cores, 1 to 4.
+int CopyThreads(const config::ServerConfig& server);
 
 class CoordinatorServer {
  public:
@@ -59,6 +62,9 @@ class CoordinatorServer {
   std::unique_ptr<ReloadableServerCredentials> public_tls_;  // null: plaintext
   std::unique_ptr<ReloadableServerCredentials> rank_tls_;    // null: plaintext
   std::unique_ptr<FailureLog> failure_log_;  // Forward failures and refused attaches
+  // server.copy_threads: the coordinator's and the validation's large copies and scans (before
+  // them: destroyed after them).
+  std::unique_ptr<engine::ThreadPool> copy_pool_;
   std::unique_ptr<Coordinator> coordinator_;
   // After the coordinator: destroyed first, so no scrape reads a destroyed coordinator.
   std::unique_ptr<Metrics> metrics_;

@@ -2,7 +2,9 @@
 // each caller's response (server/coordinator.h has the protocol; coordinator.cc membership and
 // admission).
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <memory>
 
 #include <spdlog/spdlog.h>
 
@@ -38,7 +40,8 @@ RowBytes RowBytesOf(const ValidatedForward& validated, int hidden, int top_k) {
 }  // namespace
 
 void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<Piece>& pieces,
-                             RankIo* io, int io_slot, internal::Step* step) {
+                             RankIo* io, int io_slot, internal::Step* step,
+                             std::vector<ByteCopy>* copies) {
   const ValidatedForward& v = *calls.front()->validated;
   const gcmoe::v1::ForwardRequest& first = *calls.front()->request;
   const int H = static_cast<int>(first.hidden().shape(1));
@@ -84,12 +87,12 @@ void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<
     dst_weights = sized(step->mutable_topk_weights(), rb.weights);
   }
   // From each call's validated bytes (its message's, or a registered region's) straight into
-  // the slot or the message.
+  // the slot or the message (by the caller, which runs every rank's copies together).
   for (const Piece& p : pieces) {
     const ForwardBytes& b = calls[p.call]->validated->bytes;
-    auto copy = [&p](uint8_t* dst, const TensorBytes& src, size_t row_bytes) {
-      std::memcpy(dst + p.shard_row * row_bytes, src.data + p.call_row * row_bytes,
-                  p.rows * row_bytes);
+    auto copy = [&p, copies](uint8_t* dst, const TensorBytes& src, size_t row_bytes) {
+      copies->push_back(ByteCopy{dst + p.shard_row * row_bytes, src.data + p.call_row * row_bytes,
+                                 p.rows * row_bytes});
     };
     // GPU memory: the rank reads and writes the piece's rows there.
     auto span = [&p](internal::DeviceSpan* span, const DeviceBytes& device, size_t row_bytes) {
@@ -121,13 +124,14 @@ Status Coordinator::AssembleOutputs(const std::vector<Call*>& calls,
                                     const std::vector<internal::StepResult>& results,
                                     uint64_t generation) {
   const bool fp32 = calls.front()->validated->output_fp32;
+  const gcmoe::v1::DType dtype = fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16;
   const size_t row_bytes = static_cast<size_t>(options_.hidden) * (fp32 ? 4 : 2);
   // Each call's rows go to its output region (validated to hold exactly [T, H]) or into its
   // response.
   std::vector<uint8_t*> outputs(calls.size());
   for (size_t i = 0; i < calls.size(); ++i) {
     gcmoe::v1::Tensor* output = calls[i]->response->mutable_output();
-    output->set_dtype(fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
+    output->set_dtype(dtype);
     output->add_shape(calls[i]->validated->num_tokens);
     output->add_shape(options_.hidden);
     if (calls[i]->validated->bytes.output != nullptr) {
@@ -139,6 +143,8 @@ Status Coordinator::AssembleOutputs(const std::vector<Call*>& calls,
     data->resize(static_cast<size_t>(calls[i]->validated->num_tokens) * row_bytes);
     outputs[i] = reinterpret_cast<uint8_t*>(data->data());
   }
+  std::vector<ByteCopy> copies;
+  std::vector<int> copy_call;  // [copies] the call each copy writes
   for (size_t r = 0; r < pieces.size(); ++r) {
     // A rank whose rows all went to GPU memory sent none back.
     if (std::none_of(pieces[r].begin(), pieces[r].end(),
@@ -161,9 +167,26 @@ Status Coordinator::AssembleOutputs(const std::vector<Call*>& calls,
     }
     for (const Piece& p : pieces[r]) {
       if (outputs[p.call] == nullptr) continue;
-      std::memcpy(outputs[p.call] + p.call_row * row_bytes, src + p.shard_row * row_bytes,
-                  p.rows * row_bytes);
+      copies.push_back(ByteCopy{outputs[p.call] + p.call_row * row_bytes,
+                                src + p.shard_row * row_bytes, p.rows * row_bytes});
+      copy_call.push_back(p.call);
     }
+  }
+  // Each piece is checked as it is copied, while its bytes are in cache; a call with a bad value
+  // is scanned again in order to name its first one.
+  std::unique_ptr<std::atomic<bool>[]> overflowed(new std::atomic<bool>[calls.size()]);
+  for (size_t i = 0; i < calls.size(); ++i) overflowed[i].store(false, std::memory_order_relaxed);
+  RunCopies(options_.copy_pool, copies, fp32 ? 4 : 2,
+            [&](size_t copy, const uint8_t* dst, size_t bytes) {
+              if (!OutputFinite(dtype, dst, bytes)) {
+                overflowed[copy_call[copy]].store(true, std::memory_order_relaxed);
+              }
+            });
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (!overflowed[i].load() || !calls[i]->status.ok()) continue;
+    calls[i]->status = ValidateForwardOutput(
+        dtype, outputs[i], static_cast<size_t>(calls[i]->validated->num_tokens) * row_bytes,
+        options_.hidden);
   }
   return Status::Ok();
 }
@@ -252,13 +275,14 @@ Result<Coordinator::SentStep> Coordinator::SendStep(const std::vector<Call*>& ca
   const gcmoe::v1::ForwardRequest& first = *calls.front()->request;
   const bool output_fp32 = calls.front()->validated->output_fp32;
   std::vector<internal::CoordinatorMessage> messages(P);
+  std::vector<ByteCopy> copies;
   bool all_doorbell = true;
   for (int r = 0; r < P; ++r) {
     internal::Step* step = messages[r].mutable_step();
     step->set_generation(generation);
     step->set_epoch(epoch);
     step->set_layer(first.layer());
-    WriteShard(calls, pieces[r], sent.ios[r].get(), sent.io_slot, step);
+    WriteShard(calls, pieces[r], sent.ios[r].get(), sent.io_slot, step, &copies);
     step->set_output_dtype(output_fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
     for (int t : tokens_per_rank) step->add_tokens_per_rank(static_cast<uint32_t>(t));
     step->mutable_counts()->Assign(sent.counts.begin(), sent.counts.end());
@@ -269,6 +293,7 @@ Result<Coordinator::SentStep> Coordinator::SendStep(const std::vector<Call*>& ca
     all_doorbell = all_doorbell && sent.ios[r] && sent.sessions[r] &&
                    step->ByteSizeLong() <= RankIoLayout::kMessageBytes;
   }
+  RunCopies(options_.copy_pool, copies, 64);
   // A rank reads its doorbell and its control stream on different threads, so a step on one
   // could overtake a step on the other: a step that goes on a control stream, or follows one
   // still in flight, goes once the steps before it are over.

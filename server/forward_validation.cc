@@ -1,14 +1,16 @@
 #include "server/forward_validation.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
-#include <limits>
 #include <cstdio>
 #include <cstring>
-#include <type_traits>
+#include <limits>
 #include <string>
+#include <type_traits>
 
 #include "common/number_formats.h"
+#include "server/parallel_bytes.h"
 
 namespace gcmoe::server {
 namespace {
@@ -102,10 +104,18 @@ bool AllWithin(DType dtype, const uint8_t* bytes, size_t size, float limit) {
 }
 
 // Finite and within kMaxActivationMagnitude, for FP32 and BF16 activations (FP8 ones are
-// checked with their scales).
-Status CheckHiddenValues(DType dtype, const TensorBytes& hidden, int64_t cols) {
+// checked with their scales). The scan is split over `pool` when the tensor is large.
+Status CheckHiddenValues(DType dtype, const TensorBytes& hidden, int64_t cols,
+                         engine::ThreadPool* pool) {
   const uint8_t* bytes = hidden.data;
-  if (AllWithin(dtype, bytes, hidden.size, kMaxActivationMagnitude)) return Status::Ok();
+  std::atomic<bool> within{true};
+  ForByteChunks(pool, hidden.size, 4, [&](size_t begin, size_t end) {
+    if (!AllWithin(dtype, bytes + begin, end - begin, kMaxActivationMagnitude)) {
+      within.store(false, std::memory_order_relaxed);
+    }
+  });
+  if (within.load()) return Status::Ok();
+  // Found: the first bad element, named by one pass in order.
   const int64_t n = static_cast<int64_t>(hidden.size);
   const int elem = dtype == gcmoe::v1::FP32 ? 4 : 2;
   for (int64_t i = 0; i < n / elem; ++i) {
@@ -198,7 +208,8 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLi
 }
 
 Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardBytes& bytes,
-                       const ForwardLimits& limits, ValidatedForward* out) {
+                       const ForwardLimits& limits, ValidatedForward* out,
+                       engine::ThreadPool* pool) {
   const int H = limits.hidden;
   const int k = limits.top_k;
   const int E = limits.experts;
@@ -243,7 +254,7 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardBy
   GCMOE_RETURN_IF_ERROR(
       CheckMatrix("hidden", hidden, bytes.hidden, hidden.dtype(), T, H, "[T, H]", elem));
   if (hidden.dtype() != gcmoe::v1::FP8_E4M3 && !bytes.hidden.on_device) {
-    GCMOE_RETURN_IF_ERROR(CheckHiddenValues(hidden.dtype(), bytes.hidden, H));
+    GCMOE_RETURN_IF_ERROR(CheckHiddenValues(hidden.dtype(), bytes.hidden, H, pool));
   }
 
   // hidden_scales: [T, H/32] UE8M0, exactly when hidden is FP8.
@@ -356,8 +367,12 @@ Status ValidateForwardOutput(const gcmoe::v1::Tensor& output) {
                                output.data().size(), cols);
 }
 
+bool OutputFinite(DType dtype, const uint8_t* data, size_t size) {
+  return AllWithin(dtype, data, size, std::numeric_limits<float>::max());
+}
+
 Status ValidateForwardOutput(DType dtype, const uint8_t* bytes, size_t size, int64_t cols) {
-  if (AllWithin(dtype, bytes, size, std::numeric_limits<float>::max())) return Status::Ok();
+  if (OutputFinite(dtype, bytes, size)) return Status::Ok();
   const bool fp32 = dtype == gcmoe::v1::FP32;
   const int64_t elem = fp32 ? 4 : 2;
   const int64_t n = static_cast<int64_t>(size) / elem;

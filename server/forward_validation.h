@@ -10,6 +10,7 @@
 
 #include "common/status.h"
 #include "engine/backend.h"
+#include "engine/thread_pool.h"
 #include "gcmoe/v1/moe.pb.h"
 
 namespace gcmoe::server {
@@ -87,8 +88,10 @@ std::vector<int> ShardSizes(int num_tokens, int world_size);
 // and counts; `bytes` is left in out->bytes. The first form takes the message's own bytes.
 Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardLimits& limits,
                        ValidatedForward* out);
+// The value scans of a large tensor are split over `pool` when there is one.
 Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardBytes& bytes,
-                       const ForwardLimits& limits, ValidatedForward* out);
+                       const ForwardLimits& limits, ValidatedForward* out,
+                       engine::ThreadPool* pool = nullptr);
 
 // An output is returned only when every element is finite: a layer that overflowed FP32 (weights
 // can be as large as FP32 allows, so the input bounds alone cannot rule it out) fails the call
@@ -97,6 +100,9 @@ Status ValidateForwardOutput(const gcmoe::v1::Tensor& output);
 // The same for an output of `dtype` (BF16 or FP32) with `cols` values per row at `data`.
 Status ValidateForwardOutput(gcmoe::v1::DType dtype, const uint8_t* data, size_t size,
                              int64_t cols);
+// Whether `size` bytes of BF16 or FP32 output are all finite: ValidateForwardOutput's fast pass,
+// for a part of an output (a whole number of values) as it is copied.
+bool OutputFinite(gcmoe::v1::DType dtype, const uint8_t* data, size_t size);
 
 const char* DTypeName(gcmoe::v1::DType dtype);
 

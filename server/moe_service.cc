@@ -34,14 +34,16 @@ std::optional<std::string_view> RequestIdHeader(const grpc::ServerContext& conte
 
 MoeServiceImpl::MoeServiceImpl(const config::Config& config, int64_t max_message_bytes,
                                Coordinator* coordinator, ServiceStats* stats, Metrics* metrics,
-                               const TokenAuthenticator* auth, FailureLog* failure_log)
+                               const TokenAuthenticator* auth, FailureLog* failure_log,
+                               engine::ThreadPool* copy_pool)
     : config_(config),
       max_message_bytes_(max_message_bytes),
       coordinator_(coordinator),
       stats_(stats),
       metrics_(metrics),
       auth_(auth),
-      failure_log_(failure_log) {
+      failure_log_(failure_log),
+      copy_pool_(copy_pool) {
   limits_.hidden = config.model.hidden;
   limits_.experts = config.model.experts;
   limits_.top_k = config.model.top_k;
@@ -113,7 +115,7 @@ Status MoeServiceImpl::RunForward(grpc::ServerContext* context,
     ForwardBytes bytes;
     status = ResolveForwardBytes(request, registry_.get(), RegistrationOwner(*context), &bytes,
                                  &validated.keep_alive);
-    if (status.ok()) status = ValidateForward(request, bytes, limits_, &validated);
+    if (status.ok()) status = ValidateForward(request, bytes, limits_, &validated, copy_pool_);
   }
   const auto validated_at = Clock::now();
   if (status.ok()) {
@@ -125,18 +127,10 @@ Status MoeServiceImpl::RunForward(grpc::ServerContext* context,
       deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     client_deadline - std::chrono::system_clock::now());
     }
+    // An overflowed layer is an error, never an OK carrying Inf or NaN (DESIGN.md §4): the
+    // coordinator checks host outputs as it assembles them, the ranks those in GPU memory.
     status = coordinator_->Forward(
         request, validated, deadline, [context] { return context->IsCancelled(); }, response);
-    // An overflowed layer is an error, never an OK carrying Inf or NaN (DESIGN.md §4).
-    if (status.ok()) {
-      // (An output in GPU memory was checked there by the ranks.)
-      if (validated.bytes.output != nullptr) {
-        status = ValidateForwardOutput(response->output().dtype(), validated.bytes.output,
-                                       validated.bytes.output_size, limits_.hidden);
-      } else if (validated.bytes.output_device.region == 0) {
-        status = ValidateForwardOutput(response->output());
-      }
-    }
   }
   if (!status.ok()) {
     stats_->RecordFailure(StatusCodeName(status.code()));

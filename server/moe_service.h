@@ -22,10 +22,11 @@ namespace gcmoe::server {
 class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
  public:
   // `auth` may be null (no token authentication); failure_log: where failed calls are logged,
-  // rate-limited (shared with the rank gate).
+  // rate-limited (shared with the rank gate); copy_pool (may be null): shares the checks of
+  // large activations (server.copy_threads).
   MoeServiceImpl(const config::Config& config, int64_t max_message_bytes, Coordinator* coordinator,
                  ServiceStats* stats, Metrics* metrics, const TokenAuthenticator* auth,
-                 FailureLog* failure_log);
+                 FailureLog* failure_log, engine::ThreadPool* copy_pool);
 
   grpc::Status Forward(grpc::ServerContext* context, const gcmoe::v1::ForwardRequest* request,
                        gcmoe::v1::ForwardResponse* response) override;
@@ -79,6 +80,7 @@ class MoeServiceImpl final : public gcmoe::v1::MoeService::Service {
   Metrics* metrics_;
   const TokenAuthenticator* auth_;
   FailureLog* failure_log_;
+  engine::ThreadPool* copy_pool_;
   // Null unless server.allow_registered_memory: then every use of a region is refused.
   std::unique_ptr<MemoryRegistry> registry_;
 };

@@ -131,6 +131,8 @@ const BadConfig kBadConfigs[] = {
      "server.batch_window_us: expected an integer in 0..1000000 (microseconds), got -1"},
     {"MaxBatchCallsZero", [](json& j) { j["server"]["max_batch_calls"] = 0; },
      "server.max_batch_calls: expected an integer in 1..4096, got 0"},
+    {"CopyThreadsTooMany", [](json& j) { j["server"]["copy_threads"] = 65; },
+     "server.copy_threads: expected an integer in 0..64 (0 = auto), got 65"},
     {"EchoNotBool", [](json& j) { j["server"]["echo"] = "yes"; },
      "server.echo: expected true or false, got \"yes\""},
     {"CudaUnknownKey", [](json& j) { j["engine"]["cuda"]["ring_block"] = 2; },
@@ -212,14 +214,22 @@ const BadConfig kBadConfigs[] = {
      "server.step_timeout_ms: expected a positive integer (milliseconds), got 0"},
     {"MetricsListenNotHostPort", [](json& j) { j["server"]["metrics_listen"] = "9464"; },
      "server.metrics_listen: expected host:port or \"\" (no metrics endpoint), got \"9464\""},
-    {"TlsCertWithoutKey", [](json& j) { j["server"]["tls"] = {{"cert", "/etc/gcmoe/tls.crt"}}; },
+    {"TlsCertWithoutKey",
+     [](json& j) {
+       j["server"]["tls"] = {{"cert", "/etc/gcmoe/tls.crt"}};
+     },
      "server.tls.key: expected a PEM file path: server.tls.cert and server.tls.key go together, "
      "got \"\""},
     {"TlsClientCaWithoutTls",
-     [](json& j) { j["server"]["tls"] = {{"client_ca", "/etc/gcmoe/ca.crt"}}; },
+     [](json& j) {
+       j["server"]["tls"] = {{"client_ca", "/etc/gcmoe/ca.crt"}};
+     },
      "server.tls.client_ca: expected \"\" without server.tls.cert and server.tls.key (mTLS needs "
      "TLS), got \"/etc/gcmoe/ca.crt\""},
-    {"TlsUnknownKey", [](json& j) { j["server"]["tls"] = {{"ca", "/etc/gcmoe/ca.crt"}}; },
+    {"TlsUnknownKey",
+     [](json& j) {
+       j["server"]["tls"] = {{"ca", "/etc/gcmoe/ca.crt"}};
+     },
      "server.tls.ca: unknown key (did you mean server.rank_tls.ca?)"},
     {"RankTlsWithoutCa",
      [](json& j) {
@@ -227,7 +237,10 @@ const BadConfig kBadConfigs[] = {
      },
      "server.rank_tls.ca: expected a PEM file path: server.rank_tls.cert, key and ca go together "
      "(mutual TLS), got \"\""},
-    {"TokensFileNotAString", [](json& j) { j["server"]["auth"] = {{"tokens_file", 7}}; },
+    {"TokensFileNotAString",
+     [](json& j) {
+       j["server"]["auth"] = {{"tokens_file", 7}};
+     },
      "server.auth.tokens_file: expected a file path or \"\" (no authentication), got 7"},
     {"RankSecretFileNotAString", [](json& j) { j["server"]["rank_secret_file"] = 7; },
      "server.rank_secret_file: expected a file path or \"\" (gcmoe serve: one it creates), got "

@@ -239,11 +239,12 @@ TEST(ConfigValues, ServerDataPathKeysTakeValuesAndStayOutOfTheDigest) {
   EXPECT_FALSE(defaults.server.allow_registered_memory);
   EXPECT_EQ(defaults.server.max_steps_in_flight, 2);
   EXPECT_EQ(defaults.server.spin_wait, "auto");
+  EXPECT_EQ(defaults.server.copy_threads, 0);
   const Config set =
       MustParse(DefaultConfigText(),
                 {"server.rank_io=inline", "server.batch_window_us=250", "server.max_batch_calls=8",
                  "server.echo=true", "server.allow_registered_memory=true",
-                 "server.max_steps_in_flight=1", "server.spin_wait=off"});
+                 "server.max_steps_in_flight=1", "server.spin_wait=off", "server.copy_threads=3"});
   EXPECT_EQ(set.server.rank_io, "inline");
   EXPECT_EQ(set.server.batch_window_us, 250);
   EXPECT_EQ(set.server.max_batch_calls, 8);
@@ -251,10 +252,12 @@ TEST(ConfigValues, ServerDataPathKeysTakeValuesAndStayOutOfTheDigest) {
   EXPECT_TRUE(set.server.allow_registered_memory);
   EXPECT_EQ(set.server.max_steps_in_flight, 1);
   EXPECT_EQ(set.server.spin_wait, "off");
+  EXPECT_EQ(set.server.copy_threads, 3);
   // The coordinator alone reads them: ranks with either setting may serve together.
   EXPECT_EQ(set.Digest(), defaults.Digest());
   EXPECT_NE(set.ToJson().find("\"rank_io\": \"inline\""), std::string::npos) << set.ToJson();
   EXPECT_NE(set.ToJson().find("\"spin_wait\": \"off\""), std::string::npos) << set.ToJson();
+  EXPECT_NE(set.ToJson().find("\"copy_threads\": 3"), std::string::npos) << set.ToJson();
 }
 
 TEST(ConfigOverrides, CreatesAbsentSections) {

@@ -443,18 +443,7 @@ TEST(CudaIpcMemoryTest, MergedCallsGetTheirOwnBytesAndFailAlone) {
     }
     ForwardResponse responses[kCalls];
     grpc::Status statuses[kCalls];
-    std::vector<std::unique_ptr<gcmoe::v1::MoeService::Stub>> stubs;
-    for (int i = 0; i < kCalls; ++i) stubs.push_back(ConnectNow(address));
-    std::vector<std::thread> callers;
-    for (int i = 0; i < kCalls; ++i) {
-      callers.emplace_back([&, i] {
-        grpc::ClientContext context;
-        context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-        statuses[i] = stubs[i]->Forward(&context, sent[i], &responses[i]);
-      });
-      std::this_thread::sleep_for(milliseconds(50));
-    }
-    for (std::thread& t : callers) t.join();
+    ForwardInOrder(address, kCalls, sent.data(), responses, statuses, milliseconds(50));
     for (int i = 0; i < kCalls; ++i) {
       SCOPED_TRACE("call " + std::to_string(i));
       if (round == 1 && i == 2) {

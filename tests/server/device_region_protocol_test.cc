@@ -1,6 +1,7 @@
 // The coordinator's side of registered GPU memory (cuda_ipc), with ranks that speak the attach
 // protocol from this test instead of opening anything: a `gcmoe coordinator` configured for the
-// cuda backend (it holds no CUDA context itself), two scripted ranks on its host. They check
+// cuda backend (it holds no CUDA context itself), two scripted ranks on its host. (The last test
+// uses them for the coordinator's check of the outputs it assembles.) They check
 // what the coordinator asks of the ranks and what it answers the client: every rank is asked to
 // open a registration before RegisterMemory answers, one rank's refusal refuses it (and the
 // others close it again), each rank gets its own rows of a call as a range of the registration,
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -47,6 +49,9 @@ class ScriptedRank {
     // that range.
     std::string value_error;
     uint32_t value_error_range = 0;
+    // A NaN in its (inline) output at this shard row and column; -1: none.
+    int nan_row = -1;
+    int nan_col = 0;
   };
 
   ScriptedRank(const std::string& rank_address, int rank, const AttachSecret& secret,
@@ -176,7 +181,18 @@ class ScriptedRank {
           if (d.output().region() != 0) device_output_rows += static_cast<int>(d.rows());
         }
         if (device_output_rows < rows) {
-          out->set_data(std::string(static_cast<size_t>(rows) * hidden_ * (fp32 ? 4 : 2), '\0'));
+          std::string data(static_cast<size_t>(rows) * hidden_ * (fp32 ? 4 : 2), '\0');
+          if (options_.nan_row >= 0 && options_.nan_row < rows) {
+            const size_t at = (static_cast<size_t>(options_.nan_row) * hidden_ + options_.nan_col);
+            const uint32_t nan = 0x7FC00000u;  // FP32 quiet NaN; its high half is BF16's
+            if (fp32) {
+              std::memcpy(&data[4 * at], &nan, 4);
+            } else {
+              const uint16_t high = static_cast<uint16_t>(nan >> 16);
+              std::memcpy(&data[2 * at], &high, 2);
+            }
+          }
+          out->set_data(std::move(data));
         }
         for (int r = 0; r < kRanks; ++r) {
           result->add_load_before(0);
@@ -454,18 +470,7 @@ TEST(DeviceRegionProtocolTest, CallsWithGpuMemoryShareAStepAndFailAlone) {
       OnGpu(MakeForwardRequest(model, spec(4)), "gpu", 131072, kInline)};
   gcmoe::v1::ForwardResponse responses[3];
   grpc::Status statuses[3];
-  std::vector<std::unique_ptr<gcmoe::v1::MoeService::Stub>> stubs;
-  for (int i = 0; i < 3; ++i) stubs.push_back(ConnectNow(address));
-  std::vector<std::thread> callers;
-  for (int i = 0; i < 3; ++i) {
-    callers.emplace_back([&, i] {
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-      statuses[i] = stubs[i]->Forward(&context, requests[i], &responses[i]);
-    });
-    std::this_thread::sleep_for(milliseconds(100));  // arrival order is the step's row order
-  }
-  for (std::thread& t : callers) t.join();
+  ForwardInOrder(address, 3, requests, responses, statuses, milliseconds(100));
 
   ASSERT_EQ(rank0->steps().size(), 1u) << service.Logs();
   ASSERT_EQ(rank1->steps().size(), 1u);
@@ -505,6 +510,58 @@ TEST(DeviceRegionProtocolTest, CallsWithGpuMemoryShareAStepAndFailAlone) {
   EXPECT_EQ(responses[1].output().data(), std::string(5 * row, '\0'));
   EXPECT_EQ(responses[1].stats().batched_calls(), 3u);
   EXPECT_STATUS(statuses[2], grpc::StatusCode::INVALID_ARGUMENT, "hidden: element [2, 5] is NaN");
+}
+
+// The coordinator checks every output it assembles: a rank's NaN fails the one call whose rows
+// hold it, with its element named in the call's rows, and the calls merged with it are answered
+// with their bytes. The outputs are large enough (over 256 KiB) that the copies and checks are
+// split over server.copy_threads.
+TEST(DeviceRegionProtocolTest, AssembledOutputsAreCheckedPerCall) {
+  CudaCoordinator coordinator("assembled-outputs",
+                              {"--set", "server.batch_window_us=1000000", "--set",
+                               "server.max_batch_calls=2", "--set", "server.copy_threads=4"});
+  SeparateProcesses& service = coordinator.service;
+  const engine::ModelSpec model = DefaultModel();
+  const int H = model.hidden;
+  // 700 + 600 rows in shards of 650: rank 1's shard row 100 is call B's row 50.
+  auto rank0 = coordinator.Rank(0, {});
+  auto rank1 = coordinator.Rank(1, {.nan_row = 100, .nan_col = 17});
+  ASSERT_TRUE(WaitForHealth(service.address(), "SERVING", milliseconds(30000))) << service.Logs();
+  const std::string address = service.address();
+  for (const gcmoe::v1::DType out : {gcmoe::v1::BF16, gcmoe::v1::FP32}) {
+    SCOPED_TRACE(out == gcmoe::v1::BF16 ? "BF16 output" : "FP32 output");
+    const size_t row = static_cast<size_t>(H) * (out == gcmoe::v1::FP32 ? 4 : 2);
+    auto spec = [out](int tokens) {
+      RequestSpec rs;
+      rs.num_tokens = tokens;
+      rs.dtype = gcmoe::v1::BF16;
+      rs.output_dtype = out;
+      return rs;
+    };
+    const gcmoe::v1::ForwardRequest requests[2] = {MakeForwardRequest(model, spec(700)),
+                                                   MakeForwardRequest(model, spec(600))};
+    gcmoe::v1::ForwardResponse responses[2];
+    grpc::Status statuses[2];
+    ForwardInOrder(address, 2, requests, responses, statuses, milliseconds(100));
+    ASSERT_TRUE(statuses[0].ok()) << statuses[0].error_message() << "\n" << service.Logs();
+    EXPECT_EQ(responses[0].stats().batched_calls(), 2u);
+    EXPECT_EQ(responses[0].output().data().size(), 700 * row);
+    EXPECT_EQ(responses[0].output().data().find_first_not_of('\0'), std::string::npos);
+    EXPECT_STATUS(statuses[1], grpc::StatusCode::INVALID_ARGUMENT,
+                  "output: element [50, 17] is NaN: the layer overflowed FP32");
+    EXPECT_TRUE(responses[1].output().data().empty());
+  }
+  // Alone, the call holding the NaN fails, and the service goes on serving.
+  RequestSpec rs;
+  rs.num_tokens = 1300;
+  rs.dtype = gcmoe::v1::BF16;
+  rs.output_dtype = gcmoe::v1::BF16;
+  gcmoe::v1::ForwardResponse response;
+  EXPECT_STATUS(Forward(address, MakeForwardRequest(model, rs), &response),
+                grpc::StatusCode::INVALID_ARGUMENT, "output: element [750, 17] is NaN");
+  rs.num_tokens = 100;  // rank 1's shard has 50 rows: no NaN
+  ASSERT_TRUE(Forward(address, MakeForwardRequest(model, rs), &response).ok()) << service.Logs();
+  EXPECT_EQ(response.output().data(), std::string(100 * static_cast<size_t>(H) * 2, '\0'));
 }
 
 }  // namespace

@@ -161,6 +161,23 @@ std::unique_ptr<gcmoe::v1::MoeService::Stub> ConnectNow(const std::string& addre
   return gcmoe::v1::MoeService::NewStub(channel);
 }
 
+void ForwardInOrder(const std::string& address, int n, const gcmoe::v1::ForwardRequest* requests,
+                    gcmoe::v1::ForwardResponse* responses, grpc::Status* statuses,
+                    milliseconds spacing) {
+  std::vector<std::unique_ptr<gcmoe::v1::MoeService::Stub>> stubs;
+  for (int i = 0; i < n; ++i) stubs.push_back(ConnectNow(address));
+  std::vector<std::thread> callers;
+  for (int i = 0; i < n; ++i) {
+    callers.emplace_back([&, i] {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      statuses[i] = stubs[i]->Forward(&context, requests[i], &responses[i]);
+    });
+    std::this_thread::sleep_for(spacing);
+  }
+  for (std::thread& t : callers) t.join();
+}
+
 grpc::Status Unregister(const std::string& address, const std::string& name,
                         const std::string& token) {
   auto stub = Connect(address);

@@ -70,6 +70,12 @@ std::unique_ptr<gcmoe::v1::MoeService::Stub> Connect(
 // Connect, and wait until the channel is connected (at most 10 s), so that a call made on it
 // goes out at once: for tests whose calls must arrive in the order they are made.
 std::unique_ptr<gcmoe::v1::MoeService::Stub> ConnectNow(const std::string& address);
+// Sends n Forward calls at once, each from its own thread on a channel connected beforehand,
+// `spacing` apart, so that they arrive in order (their rows' order in a merged step); returns
+// when all are answered (deadline 60 s each).
+void ForwardInOrder(const std::string& address, int n, const gcmoe::v1::ForwardRequest* requests,
+                    gcmoe::v1::ForwardResponse* responses, grpc::Status* statuses,
+                    milliseconds spacing);
 
 // MoeService.UnregisterMemory of `name`, with `token` as bearer token unless empty.
 grpc::Status Unregister(const std::string& address, const std::string& name,

@@ -1,0 +1,39 @@
+// Memory work on a call's bytes, split into chunks the coordinator's copy threads
+// (server.copy_threads) share once there is enough of it: a memcpy of a T = 256 request runs at
+// the speed of one core's loads and stores, several cores together move it several times faster.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "engine/thread_pool.h"
+
+namespace gcmoe::server {
+
+// Work smaller than this runs on the calling thread: waking a worker costs more than it saves.
+inline constexpr size_t kParallelBytes = 256 * 1024;
+// The unit handed to a thread: big enough to stream, small enough to stay in its L2 for a scan
+// right after the copy.
+inline constexpr size_t kChunkBytes = 128 * 1024;
+
+// Calls fn(begin, end) for chunks covering [0, size), each a multiple of `align` bytes long (but
+// the last), on `pool` when size >= kParallelBytes (pool may be null: all on this thread).
+void ForByteChunks(engine::ThreadPool* pool, size_t size, size_t align,
+                   const std::function<void(size_t, size_t)>& fn);
+
+// One memcpy of a list.
+struct ByteCopy {
+  uint8_t* dst = nullptr;
+  const uint8_t* src = nullptr;
+  size_t bytes = 0;
+};
+
+// Runs every copy, split into chunks of whole `align`-byte units; after a chunk is copied,
+// then(copy index, its destination, its bytes) runs on the same thread, while they are still in
+// its cache (then may be empty). On `pool` when the copies add up to kParallelBytes or more.
+void RunCopies(engine::ThreadPool* pool, const std::vector<ByteCopy>& copies, size_t align,
+               const std::function<void(size_t, const uint8_t*, size_t)>& then = {});
+
+}  // namespace gcmoe::server
