@@ -630,6 +630,7 @@ void Coordinator::LeadStepLocked(std::unique_lock<std::mutex>& lock, Call* self)
     WakeNextLeaderLocked();
     if (sent.ok()) {
       lock.unlock();
+      PrepareOutputs(live, options_.hidden);  // while the ranks run the step
       status = FinishStep(live, *sent);
       lock.lock();
     } else {

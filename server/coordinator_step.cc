@@ -118,6 +118,20 @@ void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<
   }
 }
 
+void Coordinator::PrepareOutputs(const std::vector<Call*>& calls, int hidden) {
+  const bool fp32 = calls.front()->validated->output_fp32;
+  const size_t row_bytes = static_cast<size_t>(hidden) * (fp32 ? 4 : 2);
+  for (Call* call : calls) {
+    gcmoe::v1::Tensor* output = call->response->mutable_output();
+    output->set_dtype(fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16);
+    output->add_shape(call->validated->num_tokens);
+    output->add_shape(hidden);
+    const ForwardBytes& b = call->validated->bytes;
+    if (b.output != nullptr || b.output_device.region != 0) continue;  // not in the response
+    output->mutable_data()->resize(static_cast<size_t>(call->validated->num_tokens) * row_bytes);
+  }
+}
+
 Status Coordinator::AssembleOutputs(const std::vector<Call*>& calls,
                                     const std::vector<std::vector<Piece>>& pieces,
                                     const std::vector<std::shared_ptr<RankIo>>& ios, int io_slot,
@@ -127,21 +141,15 @@ Status Coordinator::AssembleOutputs(const std::vector<Call*>& calls,
   const gcmoe::v1::DType dtype = fp32 ? gcmoe::v1::FP32 : gcmoe::v1::BF16;
   const size_t row_bytes = static_cast<size_t>(options_.hidden) * (fp32 ? 4 : 2);
   // Each call's rows go to its output region (validated to hold exactly [T, H]) or into its
-  // response.
+  // response (sized by PrepareOutputs).
   std::vector<uint8_t*> outputs(calls.size());
   for (size_t i = 0; i < calls.size(); ++i) {
-    gcmoe::v1::Tensor* output = calls[i]->response->mutable_output();
-    output->set_dtype(dtype);
-    output->add_shape(calls[i]->validated->num_tokens);
-    output->add_shape(options_.hidden);
-    if (calls[i]->validated->bytes.output != nullptr) {
-      outputs[i] = calls[i]->validated->bytes.output;
-      continue;
+    const ForwardBytes& b = calls[i]->validated->bytes;
+    if (b.output != nullptr) {
+      outputs[i] = b.output;
+    } else if (b.output_device.region == 0) {  // else the ranks wrote it
+      outputs[i] = reinterpret_cast<uint8_t*>(calls[i]->response->mutable_output()->mutable_data()->data());
     }
-    if (calls[i]->validated->bytes.output_device.region != 0) continue;  // the ranks wrote it
-    std::string* data = output->mutable_data();
-    data->resize(static_cast<size_t>(calls[i]->validated->num_tokens) * row_bytes);
-    outputs[i] = reinterpret_cast<uint8_t*>(data->data());
   }
   std::vector<ByteCopy> copies;
   std::vector<int> copy_call;  // [copies] the call each copy writes
