@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <memory>
 
 #include <spdlog/spdlog.h>
 
@@ -182,8 +181,7 @@ Status Coordinator::AssembleOutputs(const std::vector<Call*>& calls,
   }
   // Each piece is checked as it is copied, while its bytes are in cache; a call with a bad value
   // is scanned again in order to name its first one.
-  std::unique_ptr<std::atomic<bool>[]> overflowed(new std::atomic<bool>[calls.size()]);
-  for (size_t i = 0; i < calls.size(); ++i) overflowed[i].store(false, std::memory_order_relaxed);
+  std::vector<std::atomic<bool>> overflowed(calls.size());  // false
   RunCopies(options_.copy_pool, copies, fp32 ? 4 : 2,
             [&](size_t copy, const uint8_t* dst, size_t bytes) {
               if (!OutputFinite(dtype, dst, bytes)) {

@@ -357,16 +357,6 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardBy
   return Status::Ok();
 }
 
-Status ValidateForwardOutput(const gcmoe::v1::Tensor& output) {
-  const int64_t elem = output.dtype() == gcmoe::v1::FP32 ? 4 : 2;
-  const int64_t cols = output.shape_size() == 2 && output.shape(1) > 0
-                           ? output.shape(1)
-                           : static_cast<int64_t>(output.data().size()) / elem;
-  return ValidateForwardOutput(output.dtype(),
-                               reinterpret_cast<const uint8_t*>(output.data().data()),
-                               output.data().size(), cols);
-}
-
 bool OutputFinite(DType dtype, const uint8_t* data, size_t size) {
   return AllWithin(dtype, data, size, std::numeric_limits<float>::max());
 }

@@ -95,9 +95,8 @@ Status ValidateForward(const gcmoe::v1::ForwardRequest& request, const ForwardBy
 
 // An output is returned only when every element is finite: a layer that overflowed FP32 (weights
 // can be as large as FP32 allows, so the input bounds alone cannot rule it out) fails the call
-// with INVALID_ARGUMENT naming the element, never OK.
-Status ValidateForwardOutput(const gcmoe::v1::Tensor& output);
-// The same for an output of `dtype` (BF16 or FP32) with `cols` values per row at `data`.
+// with INVALID_ARGUMENT naming the element, never OK. For an output of `dtype` (BF16 or FP32)
+// with `cols` values per row at `data`.
 Status ValidateForwardOutput(gcmoe::v1::DType dtype, const uint8_t* data, size_t size,
                              int64_t cols);
 // Whether `size` bytes of BF16 or FP32 output are all finite: ValidateForwardOutput's fast pass,

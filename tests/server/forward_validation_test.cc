@@ -133,20 +133,25 @@ gcmoe::v1::Tensor OutputTensor(gcmoe::v1::DType dtype, const std::vector<float>&
   return t;
 }
 
+Status ValidateOutput(const gcmoe::v1::Tensor& t) {
+  return ValidateForwardOutput(t.dtype(), reinterpret_cast<const uint8_t*>(t.data().data()),
+                               t.data().size(), t.shape(1));
+}
+
 TEST(ForwardValidationTest, AnOutputWithInfOrNanIsNeverValid) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (const auto dtype : {gcmoe::v1::FP32, gcmoe::v1::BF16}) {
     std::vector<float> values(3 * 8, 1.5f);
     values[8 + 5] = -3e38f;  // finite in both dtypes
-    EXPECT_TRUE(ValidateForwardOutput(OutputTensor(dtype, values, 8)).ok());
+    EXPECT_TRUE(ValidateOutput(OutputTensor(dtype, values, 8)).ok());
     values[2 * 8 + 3] = inf;
-    Status status = ValidateForwardOutput(OutputTensor(dtype, values, 8));
+    Status status = ValidateOutput(OutputTensor(dtype, values, 8));
     EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(status.message().find("output: element [2, 3] is Inf"), std::string::npos)
         << status.message();
     values[1] = nan;
-    status = ValidateForwardOutput(OutputTensor(dtype, values, 8));
+    status = ValidateOutput(OutputTensor(dtype, values, 8));
     EXPECT_NE(status.message().find("output: element [0, 1] is NaN"), std::string::npos)
         << status.message();
   }
