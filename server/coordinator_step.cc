@@ -147,7 +147,8 @@ Status Coordinator::AssembleOutputs(const std::vector<Call*>& calls,
     if (b.output != nullptr) {
       outputs[i] = b.output;
     } else if (b.output_device.region == 0) {  // else the ranks wrote it
-      outputs[i] = reinterpret_cast<uint8_t*>(calls[i]->response->mutable_output()->mutable_data()->data());
+      outputs[i] =
+          reinterpret_cast<uint8_t*>(calls[i]->response->mutable_output()->mutable_data()->data());
     }
   }
   std::vector<ByteCopy> copies;
