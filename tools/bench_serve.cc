@@ -354,8 +354,11 @@ int RunBenchServe(int argc, char** argv) {
     }
     for (int c : concurrency_list) {
       // Echo: the transport floor at the same concurrency.
+      // Each worker reads into its own response, reused, in Echo and Forward alike: the
+      // client's allocation of a T = 256 output costs as much as a stage, and must not differ.
+      std::vector<v1::ForwardResponse> responses(static_cast<size_t>(c));
       auto echo = [&](int w, Sample*, std::string* error) {
-        static thread_local v1::ForwardResponse response;
+        v1::ForwardResponse& response = responses[static_cast<size_t>(w)];
         grpc::ClientContext context;
         context.set_deadline(client::DeadlineIn(o.timeout_ms));
         response.Clear();
@@ -399,6 +402,7 @@ int RunBenchServe(int argc, char** argv) {
           grpc::ClientContext context;
           std::unique_ptr<grpc::ClientReaderWriter<v1::ForwardRequest, v1::ForwardStreamResponse>>
               stream;
+          v1::ForwardStreamResponse reply;
         };
         std::vector<std::unique_ptr<Streamer>> streams;
         if (mode == "stream") {
@@ -414,7 +418,8 @@ int RunBenchServe(int argc, char** argv) {
           const v1::ForwardRequest& request =
               buffers ? buffers->request(w, index) : requests[index];
           if (mode == "stream") {
-            v1::ForwardStreamResponse reply;
+            v1::ForwardStreamResponse& reply = streams[w]->reply;
+            reply.Clear();
             if (!streams[w]->stream->Write(request) || !streams[w]->stream->Read(&reply)) {
               *error = "the stream broke";
               return false;
@@ -428,7 +433,8 @@ int RunBenchServe(int argc, char** argv) {
           }
           grpc::ClientContext context;
           context.set_deadline(client::DeadlineIn(o.timeout_ms));
-          v1::ForwardResponse response;
+          v1::ForwardResponse& response = responses[static_cast<size_t>(w)];
+          response.Clear();
           const grpc::Status s = stubs[w % stubs.size()]->Forward(&context, request, &response);
           if (!s.ok()) {
             *error = client::GrpcCodeName(s.error_code()) + ": " + s.error_message();

@@ -310,7 +310,11 @@ class RankPortMutualTls(unittest.TestCase):
             rogue_log = start("rogue", ["rank", "--rank", "1", "--coordinator", rank_address] +
                               pki.rank_settings("rogue-rank") + secret)
             channel = grpc.insecure_channel(address)
-            time.sleep(5)
+            # Rank 0 is in, and the rogue has been turned away at least once.
+            ops.wait_for_text(os.path.join(workdir, "coordinator.log"), "attached (transport", 60)
+            rogue = processes.started[-1][0]
+            ops.wait_for_text(rogue_log, "cannot connect to the coordinator at " + rank_address,
+                              60, rogue)
             with open(os.path.join(workdir, "coordinator.log")) as f:
                 coordinator_log = f.read()
             self.assertEqual(ops.health(channel), (grpc.StatusCode.OK, 2),  # NOT_SERVING
@@ -319,7 +323,6 @@ class RankPortMutualTls(unittest.TestCase):
             self.assertNotRegex(coordinator_log, r"rank 1 .*attached")
             with open(rogue_log) as f:
                 self.assertIn("cannot connect to the coordinator at " + rank_address, f.read())
-            rogue = processes.started[-1][0]
             self.assertEqual(rogue.poll(), None, "the rogue rank gave up")
             # Rank 1's shared-memory segments are the rogue's until it has exited.
             rogue.terminate()
