@@ -73,6 +73,9 @@ struct CoordinatorOptions {
   bool nccl_bootstrap = false;
   // Ranks on this host get a RankIo region (server.rank_io "auto").
   bool shared_memory_io = true;
+  // The ranks' GPUs upload the activations from their RankIo regions by DMA (the cuda backend):
+  // the coordinator writes those around its cache (Stores::kStreaming).
+  bool rank_io_uploaded = false;
   std::chrono::microseconds batch_window{0};  // server.batch_window_us
   int max_batch_calls = 64;                   // server.max_batch_calls
   int max_steps_in_flight = 2;                // server.max_steps_in_flight
@@ -235,9 +238,9 @@ class Coordinator {
   Status DeviceMemoryOpenLocked(const ValidatedForward& validated) const;
   // Describes one rank's shard of the step in its Step message and lists the copies that put
   // its bytes into the message or its RankIo slot.
-  static void WriteShard(const std::vector<Call*>& calls, const std::vector<Piece>& pieces,
-                         RankIo* io, int io_slot, gcmoe::internal::v1::Step* step,
-                         std::vector<ByteCopy>* copies);
+  void WriteShard(const std::vector<Call*>& calls, const std::vector<Piece>& pieces, RankIo* io,
+                  int io_slot, gcmoe::internal::v1::Step* step,
+                  std::vector<ByteCopy>* copies) const;
   // Gives each call's response its output's dtype and shape and, when the output goes in the
   // response, its bytes (zeroed: std::string can only grow that way, about 0.2 ms at T = 256,
   // which the leader spends while the step runs).

@@ -96,6 +96,7 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
   options.top_k = config.model.top_k;
   options.max_tokens_per_rank = config.engine.max_tokens_per_rank;
   options.shared_memory_io = config.server.rank_io == "auto";
+  options.rank_io_uploaded = config.engine.backend == "cuda";
   options.batch_window = std::chrono::microseconds(config.server.batch_window_us);
   options.max_batch_calls = config.server.max_batch_calls;
   options.max_steps_in_flight = config.server.max_steps_in_flight;

@@ -40,7 +40,7 @@ RowBytes RowBytesOf(const ValidatedForward& validated, int hidden, int top_k) {
 
 void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<Piece>& pieces,
                              RankIo* io, int io_slot, internal::Step* step,
-                             std::vector<ByteCopy>* copies) {
+                             std::vector<ByteCopy>* copies) const {
   const ValidatedForward& v = *calls.front()->validated;
   const gcmoe::v1::ForwardRequest& first = *calls.front()->request;
   const int H = static_cast<int>(first.hidden().shape(1));
@@ -89,10 +89,14 @@ void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<
   // the slot or the message (by the caller, which runs every rank's copies together).
   for (const Piece& p : pieces) {
     const ForwardBytes& b = calls[p.call]->validated->bytes;
-    auto copy = [&p, copies](uint8_t* dst, const TensorBytes& src, size_t row_bytes) {
+    auto copy = [&p, copies](uint8_t* dst, const TensorBytes& src, size_t row_bytes,
+                             Stores stores = Stores::kCached) {
       copies->push_back(ByteCopy{dst + p.shard_row * row_bytes, src.data + p.call_row * row_bytes,
-                                 p.rows * row_bytes});
+                                 p.rows * row_bytes, stores});
     };
+    // The rank's GPU uploads the activations straight from its region; its CPU reads the rest.
+    const Stores uploaded =
+        io != nullptr && options_.rank_io_uploaded ? Stores::kStreaming : Stores::kCached;
     // GPU memory: the rank reads and writes the piece's rows there.
     auto span = [&p](internal::DeviceSpan* span, const DeviceBytes& device, size_t row_bytes) {
       span->set_region(device.region);
@@ -110,8 +114,8 @@ void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<
              static_cast<size_t>(H) * (calls[p.call]->validated->output_fp32 ? 4 : 2));
       }
     }
-    if (b.hidden_device.region == 0) copy(dst_hidden, b.hidden, rb.hidden);
-    if (fp8) copy(dst_scales, b.hidden_scales, rb.scales);
+    if (b.hidden_device.region == 0) copy(dst_hidden, b.hidden, rb.hidden, uploaded);
+    if (fp8) copy(dst_scales, b.hidden_scales, rb.scales, uploaded);
     copy(dst_ids, b.topk_ids, rb.ids);
     copy(dst_weights, b.topk_weights, rb.weights);
   }
