@@ -85,6 +85,9 @@ void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<
     dst_ids = sized(step->mutable_topk_ids(), rb.ids);
     dst_weights = sized(step->mutable_topk_weights(), rb.weights);
   }
+  // The rank's GPU uploads the activations straight from its region; its CPU reads the rest.
+  const Stores uploaded =
+      io != nullptr && options_.rank_io_uploaded ? Stores::kStreaming : Stores::kCached;
   // From each call's validated bytes (its message's, or a registered region's) straight into
   // the slot or the message (by the caller, which runs every rank's copies together).
   for (const Piece& p : pieces) {
@@ -94,9 +97,6 @@ void Coordinator::WriteShard(const std::vector<Call*>& calls, const std::vector<
       copies->push_back(ByteCopy{dst + p.shard_row * row_bytes, src.data + p.call_row * row_bytes,
                                  p.rows * row_bytes, stores});
     };
-    // The rank's GPU uploads the activations straight from its region; its CPU reads the rest.
-    const Stores uploaded =
-        io != nullptr && options_.rank_io_uploaded ? Stores::kStreaming : Stores::kCached;
     // GPU memory: the rank reads and writes the piece's rows there.
     auto span = [&p](internal::DeviceSpan* span, const DeviceBytes& device, size_t row_bytes) {
       span->set_region(device.region);

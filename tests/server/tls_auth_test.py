@@ -321,8 +321,6 @@ class RankPortMutualTls(unittest.TestCase):
                              coordinator_log)
             self.assertRegex(coordinator_log, r"rank 0 .*attached")
             self.assertNotRegex(coordinator_log, r"rank 1 .*attached")
-            with open(rogue_log) as f:
-                self.assertIn("cannot connect to the coordinator at " + rank_address, f.read())
             self.assertEqual(rogue.poll(), None, "the rogue rank gave up")
             # Rank 1's shared-memory segments are the rogue's until it has exited.
             rogue.terminate()
