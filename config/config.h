@@ -165,9 +165,10 @@ struct ServerConfig {
   // soon as it is done; 1: one step at a time. Ranks on other hosts always get one at a time.
   int max_steps_in_flight = 2;
   // server.spin_wait: whether the threads on a step's path (a rank waiting for its next step, the
-  // coordinator waiting for a step's results) spin for up to a millisecond, yielding their core,
-  // before they sleep: an answer within the spin is seen in about a microsecond instead of a
-  // sleeping thread's wake-up (tens of microseconds). "auto" (default): on with the cuda backend,
+  // coordinator waiting for a step's results, its idle copy threads) spin for up to a
+  // millisecond, yielding their core, before they sleep: an answer within the spin is seen in
+  // about a microsecond instead of a sleeping thread's wake-up (tens of microseconds), and a copy
+  // starts on every copy thread at once. "auto" (default): on with the cuda backend,
   // whose ranks leave their cores idle while the GPU works; off with the cpu backend, whose
   // compute needs every core. "on", "off": always, never.
   std::string spin_wait = "auto";

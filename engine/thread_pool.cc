@@ -2,9 +2,11 @@
 
 #include <algorithm>
 
+#include "common/spin_wait.h"
+
 namespace gcmoe::engine {
 
-ThreadPool::ThreadPool(int threads) {
+ThreadPool::ThreadPool(int threads, std::chrono::microseconds spin) : spin_(spin) {
   for (int w = 1; w < threads; ++w) workers_.emplace_back([this, w] { WorkerLoop(w); });
 }
 
@@ -12,6 +14,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    queued_.fetch_add(1, std::memory_order_release);  // ends the spins
   }
   work_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
@@ -28,7 +31,14 @@ void ThreadPool::RunTasks(Loop* loop, int worker) {
 void ThreadPool::WorkerLoop(int worker) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
+    if (loops_.empty() && !stop_ && spin_.count() > 0) {
+      lock.unlock();
+      SpinUntil([this] { return queued_.load(std::memory_order_acquire) > 0; }, spin_);
+      lock.lock();
+    }
+    ++sleeping_;
     work_cv_.wait(lock, [this] { return stop_ || !loops_.empty(); });
+    --sleeping_;
     if (stop_) return;
     Loop* loop = loops_.front();
     ++loop->helpers;
@@ -37,7 +47,10 @@ void ThreadPool::WorkerLoop(int worker) {
     lock.lock();
     // Every task is handed out: no other worker joins this loop.
     const auto it = std::find(loops_.begin(), loops_.end(), loop);
-    if (it != loops_.end()) loops_.erase(it);
+    if (it != loops_.end()) {
+      loops_.erase(it);
+      queued_.fetch_sub(1, std::memory_order_relaxed);
+    }
     if (--loop->helpers == 0) done_cv_.notify_all();
   }
 }
@@ -51,21 +64,26 @@ void ThreadPool::ParallelFor(int64_t num_tasks, const std::function<void(int64_t
   Loop loop;
   loop.fn = &fn;
   loop.num_tasks = num_tasks;
+  int64_t wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
     loops_.push_back(&loop);
+    queued_.fetch_add(1, std::memory_order_release);
+    // One worker per task beyond the caller's first; spinning workers see the loop themselves.
+    wake = std::min<int64_t>(num_tasks - 1, sleeping_);
   }
-  // One worker per task beyond the caller's first.
-  const int64_t wanted = std::min<int64_t>(num_tasks - 1, static_cast<int64_t>(workers_.size()));
-  if (wanted == static_cast<int64_t>(workers_.size())) {
+  if (wake == static_cast<int64_t>(workers_.size())) {
     work_cv_.notify_all();
   } else {
-    for (int64_t i = 0; i < wanted; ++i) work_cv_.notify_one();
+    for (int64_t i = 0; i < wake; ++i) work_cv_.notify_one();
   }
   RunTasks(&loop, 0);
   std::unique_lock<std::mutex> lock(mu_);
   const auto it = std::find(loops_.begin(), loops_.end(), &loop);
-  if (it != loops_.end()) loops_.erase(it);
+  if (it != loops_.end()) {
+    loops_.erase(it);
+    queued_.fetch_sub(1, std::memory_order_relaxed);
+  }
   done_cv_.wait(lock, [&loop] { return loop.helpers == 0; });
 }
 

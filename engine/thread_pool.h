@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -16,7 +17,10 @@ namespace gcmoe::engine {
 class ThreadPool {
  public:
   // `threads` counts the caller too: ThreadPool(1) runs everything on the calling thread.
-  explicit ThreadPool(int threads);
+  // A worker that finds no loop spins for `spin` (yielding its core) before it sleeps, so that a
+  // loop queued within that time starts on every worker at once instead of after futex wake-ups
+  // (tens of microseconds each on a core that has gone idle).
+  explicit ThreadPool(int threads, std::chrono::microseconds spin = std::chrono::microseconds(0));
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -39,12 +43,15 @@ class ThreadPool {
   void WorkerLoop(int worker);
   static void RunTasks(Loop* loop, int worker);
 
+  const std::chrono::microseconds spin_;
   std::vector<std::thread> workers_;
+  std::atomic<int> queued_{0};  // loops_.size(), for spinning workers to read without mu_
   std::mutex mu_;
   std::condition_variable work_cv_;  // a loop was queued, or the pool stops
   std::condition_variable done_cv_;  // a worker left a loop
   std::deque<Loop*> loops_;          // loops that may have tasks left to hand out (under mu_)
   bool stop_ = false;
+  int sleeping_ = 0;  // workers waiting on work_cv_ (under mu_)
 };
 
 }  // namespace gcmoe::engine

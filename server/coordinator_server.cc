@@ -87,7 +87,11 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
   failure_options.interval = std::chrono::milliseconds(config.logging.failure_interval_ms);
   failure_options.lines_per_interval = config.logging.failures_per_interval;
   server->failure_log_ = std::make_unique<FailureLog>(failure_options);
-  server->copy_pool_ = std::make_unique<engine::ThreadPool>(CopyThreads(config.server));
+  // The copy threads spin like the hot path's waits: a call's phases (validation, the shards'
+  // copies, assembly) come a few hundred microseconds apart, closer than a wake-up is cheap.
+  const std::chrono::microseconds spin =
+      HotPathSpinBudget(config.server.spin_wait, config.engine.backend);
+  server->copy_pool_ = std::make_unique<engine::ThreadPool>(CopyThreads(config.server), spin);
   CoordinatorOptions options;
   options.copy_pool = server->copy_pool_.get();
   options.world_size = config.parallel.ranks;
@@ -100,7 +104,7 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const config
   options.batch_window = std::chrono::microseconds(config.server.batch_window_us);
   options.max_batch_calls = config.server.max_batch_calls;
   options.max_steps_in_flight = config.server.max_steps_in_flight;
-  options.spin = HotPathSpinBudget(config.server.spin_wait, config.engine.backend);
+  options.spin = spin;
   options.config_digest = config.Digest();
   options.max_queue = config.server.max_queue;
   options.exchange_timeout_ms = config.engine.exchange_timeout_ms;

@@ -1,9 +1,10 @@
 // The thread pool: every task runs once, a worker index is never in two tasks of one loop at
 // once, and loops from several threads at once each complete (the coordinator's callers share
-// one pool).
+// one pool), with sleeping workers and with spinning ones (the coordinator's copy threads).
 #include "engine/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -12,6 +13,11 @@
 
 namespace gcmoe::engine {
 namespace {
+
+using std::chrono::microseconds;
+
+// Workers that sleep as soon as they are idle, and workers that spin 1 ms first.
+constexpr microseconds kSpins[] = {microseconds(0), microseconds(1000)};
 
 // Runs a loop of `tasks` tasks and checks it: each task once, each worker index in range and in
 // one task at a time.
@@ -36,35 +42,58 @@ void CheckLoop(ThreadPool* pool, int64_t tasks) {
 }
 
 TEST(ThreadPoolTest, RunsEveryTaskOnceWithWorkerIndicesOfTheirOwn) {
-  for (int threads : {1, 2, 4}) {
-    ThreadPool pool(threads);
-    EXPECT_EQ(pool.size(), threads);
-    for (int64_t tasks : {0, 1, 2, 7, 1000}) CheckLoop(&pool, tasks);
+  for (microseconds spin : kSpins) {
+    for (int threads : {1, 2, 4}) {
+      ThreadPool pool(threads, spin);
+      EXPECT_EQ(pool.size(), threads);
+      for (int64_t tasks : {0, 1, 2, 7, 1000}) CheckLoop(&pool, tasks);
+    }
   }
 }
 
 TEST(ThreadPoolTest, LoopsFromSeveralThreadsAtOnceEachComplete) {
-  ThreadPool pool(3);
-  std::vector<std::thread> callers;
-  for (int c = 0; c < 6; ++c) {
-    callers.emplace_back([&pool, c] {
-      for (int round = 0; round < 50; ++round) CheckLoop(&pool, 1 + (c * 37 + round) % 200);
-    });
+  for (microseconds spin : kSpins) {
+    ThreadPool pool(3, spin);
+    std::vector<std::thread> callers;
+    for (int c = 0; c < 6; ++c) {
+      callers.emplace_back([&pool, c] {
+        for (int round = 0; round < 50; ++round) CheckLoop(&pool, 1 + (c * 37 + round) % 200);
+      });
+    }
+    for (std::thread& t : callers) t.join();
   }
-  for (std::thread& t : callers) t.join();
+}
+
+// Two tasks, the first of which waits (up to 10 s) for the second to start: true only if a
+// worker joined the caller (run one after the other, the second starts after the first's wait).
+bool TwoTasksMeet(ThreadPool* pool) {
+  std::atomic<int> arrived{0};
+  std::atomic<bool> met{false};
+  pool->ParallelFor(2, [&](int64_t, int) {
+    if (++arrived > 1) return;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (arrived.load() < 2 && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::yield();
+    }
+    met.store(arrived.load() == 2);
+  });
+  return met.load();
 }
 
 TEST(ThreadPoolTest, WorkersShareALoop) {
-  // Tasks that wait until two run at once finish only if a worker joins the caller.
-  ThreadPool pool(2);
-  std::atomic<int> arrived{0};
-  std::atomic<bool> met{false};
-  pool.ParallelFor(2, [&](int64_t, int) {
-    ++arrived;
-    for (int i = 0; i < 2000000 && arrived.load() < 2; ++i) std::this_thread::yield();
-    if (arrived.load() == 2) met.store(true);
-  });
-  EXPECT_TRUE(met.load()) << "the second task ran only after the first returned";
+  for (microseconds spin : kSpins) {
+    ThreadPool pool(2, spin);
+    EXPECT_TRUE(TwoTasksMeet(&pool)) << "the second task ran only after the first returned";
+  }
+}
+
+TEST(ThreadPoolTest, ASpinningWorkerJoinsALoopItWasNotWokenFor) {
+  // With a spin far longer than the test, the worker never sleeps: nothing wakes it, and it must
+  // find each loop by itself, the first and one queued after it went back to spinning.
+  ThreadPool pool(2, std::chrono::seconds(60));
+  EXPECT_TRUE(TwoTasksMeet(&pool)) << "the spinning worker did not join the first loop";
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_TRUE(TwoTasksMeet(&pool)) << "the spinning worker did not join a later loop";
 }
 
 }  // namespace
