@@ -84,7 +84,13 @@ void ThreadPool::ParallelFor(int64_t num_tasks, const std::function<void(int64_t
     loops_.erase(it);
     queued_.fetch_sub(1, std::memory_order_relaxed);
   }
-  done_cv_.wait(lock, [&loop] { return loop.helpers == 0; });
+  if (spin_.count() > 0 && loop.helpers.load(std::memory_order_relaxed) > 0) {
+    // The workers' last tasks end soon; blocking now would add this thread's own wake-up.
+    lock.unlock();
+    SpinUntil([&loop] { return loop.helpers.load(std::memory_order_acquire) == 0; }, spin_);
+    lock.lock();
+  }
+  done_cv_.wait(lock, [&loop] { return loop.helpers.load(std::memory_order_relaxed) == 0; });
 }
 
 }  // namespace gcmoe::engine

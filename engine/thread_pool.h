@@ -19,7 +19,8 @@ class ThreadPool {
   // `threads` counts the caller too: ThreadPool(1) runs everything on the calling thread.
   // A worker that finds no loop spins for `spin` (yielding its core) before it sleeps, so that a
   // loop queued within that time starts on every worker at once instead of after futex wake-ups
-  // (tens of microseconds each on a core that has gone idle).
+  // (tens of microseconds each on a core that has gone idle); a caller whose tasks are all handed
+  // out spins as long for the workers still in its loop.
   explicit ThreadPool(int threads, std::chrono::microseconds spin = std::chrono::microseconds(0));
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -38,7 +39,7 @@ class ThreadPool {
     const std::function<void(int64_t, int)>* fn = nullptr;
     int64_t num_tasks = 0;
     std::atomic<int64_t> next{0};
-    int helpers = 0;  // workers inside the loop (guarded by mu_)
+    std::atomic<int> helpers{0};  // workers inside the loop (changed under mu_)
   };
   void WorkerLoop(int worker);
   static void RunTasks(Loop* loop, int worker);
