@@ -28,6 +28,13 @@ void ThreadPool::RunTasks(Loop* loop, int worker) {
   }
 }
 
+void ThreadPool::DequeueLocked(Loop* loop) {
+  const auto it = std::find(loops_.begin(), loops_.end(), loop);
+  if (it == loops_.end()) return;
+  loops_.erase(it);
+  queued_.fetch_sub(1, std::memory_order_relaxed);
+}
+
 void ThreadPool::WorkerLoop(int worker) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -45,12 +52,7 @@ void ThreadPool::WorkerLoop(int worker) {
     lock.unlock();
     RunTasks(loop, worker);
     lock.lock();
-    // Every task is handed out: no other worker joins this loop.
-    const auto it = std::find(loops_.begin(), loops_.end(), loop);
-    if (it != loops_.end()) {
-      loops_.erase(it);
-      queued_.fetch_sub(1, std::memory_order_relaxed);
-    }
+    DequeueLocked(loop);
     if (--loop->helpers == 0) done_cv_.notify_all();
   }
 }
@@ -72,18 +74,10 @@ void ThreadPool::ParallelFor(int64_t num_tasks, const std::function<void(int64_t
     // One worker per task beyond the caller's first; spinning workers see the loop themselves.
     wake = std::min<int64_t>(num_tasks - 1, sleeping_);
   }
-  if (wake == static_cast<int64_t>(workers_.size())) {
-    work_cv_.notify_all();
-  } else {
-    for (int64_t i = 0; i < wake; ++i) work_cv_.notify_one();
-  }
+  for (int64_t i = 0; i < wake; ++i) work_cv_.notify_one();
   RunTasks(&loop, 0);
   std::unique_lock<std::mutex> lock(mu_);
-  const auto it = std::find(loops_.begin(), loops_.end(), &loop);
-  if (it != loops_.end()) {
-    loops_.erase(it);
-    queued_.fetch_sub(1, std::memory_order_relaxed);
-  }
+  DequeueLocked(&loop);
   if (spin_.count() > 0 && loop.helpers.load(std::memory_order_relaxed) > 0) {
     // The workers' last tasks end soon; blocking now would add this thread's own wake-up.
     lock.unlock();

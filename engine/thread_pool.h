@@ -42,6 +42,9 @@ class ThreadPool {
     std::atomic<int> helpers{0};  // workers inside the loop (changed under mu_)
   };
   void WorkerLoop(int worker);
+  // Takes a loop whose tasks are all handed out off loops_ (if it is still there): no worker
+  // joins it after this.
+  void DequeueLocked(Loop* loop);
   static void RunTasks(Loop* loop, int worker);
 
   const std::chrono::microseconds spin_;
