@@ -50,7 +50,9 @@ constexpr const char* kSummary =
     "and the p50 of every stage of ForwardStats: validation, queueing, coordinator to rank, the\n"
     "rank's host work, host-to-device, device, device-to-host, rank to coordinator, response\n"
     "assembly. T counts tokens per rank: a call carries T x parallel.ranks tokens.\n"
-    "--json FILE writes one object per (T, C, mode).";
+    "--json FILE writes one object per (T, C, mode). A row some of whose calls failed is printed\n"
+    "from the calls that succeeded, marked, with its first error on stderr, and the benchmark\n"
+    "exits 1 when every row is done: its numbers are not the service's.";
 
 struct Options {
   std::string config;
@@ -325,7 +327,8 @@ int RunBenchServe(int argc, char** argv) {
   std::printf("\n");
 
   std::vector<Row> rows;
-  int failed_rows = 0;
+  int failed_rows = 0;      // every call failed: no row
+  int incomplete_rows = 0;  // some Forward or Echo calls failed: a row from the others
   for (int per_rank : token_list) {
     const int T = per_rank * ranks;
     if (T > static_cast<int>(info.max_tokens())) {
@@ -373,8 +376,10 @@ int RunBenchServe(int argc, char** argv) {
       for (const Sample& s : echo_run.samples) echo_us.push_back(s.us);
       const bool have_echo = echo_run.errors == 0;
       if (!have_echo) {
-        std::fprintf(stderr, "gcmoe bench serve: Echo failed (%s): no transport floor\n",
-                     echo_run.first_error.c_str());
+        std::fprintf(stderr,
+                     "gcmoe bench serve: T %d C %d: %d of %d Echo call(s) failed, first: %s; no "
+                     "transport floor\n",
+                     T, c, echo_run.errors, o.requests, echo_run.first_error.c_str());
       }
 
       for (const std::string mode : {"unary", "stream", "registered", "gpu"}) {
@@ -486,13 +491,17 @@ int RunBenchServe(int argc, char** argv) {
           row.stages[name] = P(v, 0.5);
         }
         if (run.errors > 0) {
-          std::fprintf(stderr, "gcmoe bench serve: T %d C %d %s: %d call(s) failed, first: %s\n", T,
-                       c, mode.c_str(), run.errors, run.first_error.c_str());
+          std::fprintf(stderr,
+                       "gcmoe bench serve: T %d C %d %s: %d of %d call(s) failed, first: %s\n", T,
+                       c, mode.c_str(), run.errors, o.requests, run.first_error.c_str());
         }
+        if (run.errors > 0 || !have_echo) ++incomplete_rows;
         std::printf("%5d %6d %4d %10s %9.1f %9.1f %9.1f %9.1f %8.1f %10.0f %5.1f", per_rank, T, c,
                     mode.c_str(), row.echo_p50, row.forward_p50, row.forward_p99, row.engine_p50,
                     row.overhead_pct, row.tokens_per_s, row.batched_mean);
         for (const auto& [name, field] : Stages()) std::printf(" %9.1f", row.stages[name]);
+        if (run.errors > 0) std::printf("  # %d of %d calls failed", run.errors, o.requests);
+        if (!have_echo) std::printf("  # Echo failed");
         std::printf("\n");
         std::fflush(stdout);
         rows.push_back(std::move(row));
@@ -531,7 +540,14 @@ int RunBenchServe(int argc, char** argv) {
       return 1;
     }
   }
-  return failed_rows == 0 ? 0 : 1;
+  if (failed_rows > 0 || incomplete_rows > 0) {
+    std::fprintf(stderr,
+                 "gcmoe bench serve: %d row(s) with no successful call, %d with failed calls "
+                 "(errors above): not a measurement of the service\n",
+                 failed_rows, incomplete_rows);
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace gcmoe::tools

@@ -64,6 +64,35 @@ TEST(BenchServe, EveryRowOfEveryModeOverSeveralConnections) {
   EXPECT_EQ(rows.size(), expected.size());
 }
 
+// A benchmark whose calls failed measured something else: its rows are marked and it fails.
+// With server.max_queue 1, while one call's step runs and one call waits, the service refuses
+// the others (RESOURCE_EXHAUSTED), and the first call to find the queue empty always runs.
+TEST(BenchServe, ARowWithFailedCallsIsMarkedAndTheRunFails) {
+  const std::string json_path = TempPath("bench_serve_failed.json");
+  std::remove(json_path.c_str());
+  constexpr int kRequests = 80;
+  auto bench = Process::Start(
+      {"bench", "serve", "--tokens-per-rank", "4", "--concurrency", "8", "--connections", "2",
+       "--modes", "unary", "--requests", std::to_string(kRequests), "--warmup", "0", "--set",
+       "server.max_queue=1", "--json", json_path},
+      TempPath("bench_serve_failed.log"));
+  const std::optional<int> status = bench->Wait(milliseconds(240000));
+  ASSERT_TRUE(status.has_value()) << bench->Log();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << bench->Log();
+  const std::string log = bench->Log();
+  EXPECT_NE(log.find("calls failed"), std::string::npos) << log;  // the row's mark
+  EXPECT_NE(log.find("RESOURCE_EXHAUSTED"), std::string::npos) << log;
+  EXPECT_NE(log.find("not a measurement of the service"), std::string::npos) << log;
+
+  std::ifstream file(json_path);
+  ASSERT_TRUE(file.good()) << log;
+  const nlohmann::json rows = nlohmann::json::parse(file);
+  ASSERT_EQ(rows.size(), 1u) << rows.dump();
+  const int errors = rows[0].at("errors");
+  EXPECT_GT(errors, 0);
+  EXPECT_LT(errors, kRequests);
+}
+
 TEST(BenchServe, BadFlagsAreRefusedBeforeAServiceStarts) {
   int run = 0;
   for (const std::vector<std::string>& args :
