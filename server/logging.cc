@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "server/grpc_log.h"
 #include "server/log_format.h"
 
 namespace gcmoe::server {
@@ -28,6 +29,7 @@ Status SetupLogging(const config::LoggingConfig& logging, const std::string& rol
   logger->set_level(level);
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);
+  RouteGrpcLogToSpdlog();
   return Status::Ok();
 }
 
