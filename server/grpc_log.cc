@@ -1,5 +1,6 @@
 #include "server/grpc_log.h"
 
+#include <cstdlib>
 #include <string_view>
 
 #include <grpc/support/log.h>
@@ -32,8 +33,9 @@ void OnGrpcLog(gpr_log_func_args* args) {
 void RouteGrpcLogToSpdlog() {
   gpr_set_log_function(OnGrpcLog);
   // Info, not gRPC's default of errors only: the dropped connection is an info line. gRPC logs
-  // at info on connection events, not per call.
-  gpr_set_log_verbosity(GPR_LOG_SEVERITY_INFO);
+  // at info on connection events, not per call. An operator's GRPC_VERBOSITY (gRPC's own
+  // variable, e.g. with GRPC_TRACE) still decides; its info lines show at logging.level debug.
+  if (std::getenv("GRPC_VERBOSITY") == nullptr) gpr_set_log_verbosity(GPR_LOG_SEVERITY_INFO);
 }
 
 }  // namespace gcmoe::server

@@ -3,6 +3,7 @@
 // quota, everything else it says at info as debug; each through gRPC's real gpr_log.
 #include "server/grpc_log.h"
 
+#include <cstdlib>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -61,6 +62,18 @@ TEST_F(GrpcLogTest, OtherInfoLinesAreDebugAndHiddenAboveIt) {
 TEST_F(GrpcLogTest, DebugLinesStayBelowGrpcsVerbosity) {
   gpr_log(GPR_DEBUG, "a debug line");
   EXPECT_EQ(Logged(), "");
+}
+
+// GRPC_VERBOSITY is gRPC's own setting, which it reads into its verbosity: it stays in force.
+TEST_F(GrpcLogTest, GrpcVerbosityStillDecides) {
+  setenv("GRPC_VERBOSITY", "ERROR", 1);
+  gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);  // what gRPC makes of it
+  RouteGrpcLogToSpdlog();
+  gpr_log(GPR_INFO, "an info line");
+  gpr_log(GPR_ERROR, "an error");
+  unsetenv("GRPC_VERBOSITY");
+  RouteGrpcLogToSpdlog();  // back to info for the tests after this one in the same process
+  EXPECT_EQ(Logged(), "error grpc: an error\n");
 }
 
 }  // namespace
