@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -339,6 +340,11 @@ TEST_F(KServeServiceTest, MalformedRequestsNameTheInput) {
 // A coordinator with separately started ranks: a killed rank stays down until started again.
 TEST(KServeReadinessTest, ServerReadyIsFalseWhileARankIsDown) {
   const std::string address_file = TempPath("kserve_ready.coordinator.address");
+  // An earlier run's files, as in StartServe: its address file names a port nobody serves.
+  for (const char* stale : {"kserve_ready.coordinator.address", "kserve_ready.coordinator.log",
+                            "kserve_ready.rank0.log", "kserve_ready.rank1.log"}) {
+    std::remove(TempPath(stale).c_str());
+  }
   const std::string secret = "server.rank_secret_file=" + WriteSecretFile("kserve_ready");
   auto coordinator = Process::Start({"coordinator", "--listen", "127.0.0.1:0", "--rank-listen",
                                      "127.0.0.1:0", "--address-file", address_file, "--set",
